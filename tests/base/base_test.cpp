@@ -1,0 +1,82 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+
+#include "base/dtype.h"
+#include "base/status.h"
+#include "base/thread_pool.h"
+#include "base/weight.h"
+
+namespace moat {
+
+TEST(DType, Bf16RoundTripsAndRoundsToNearestEven) {
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.5f)), 1.5f);
+  // 1 + 2^-8 lies exactly between two bf16 values; ties go to the even mantissa (1.0).
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f + std::ldexp(1.0f, -8))), 1.0f);
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8))), 1.0f + std::ldexp(1.0f, -6));
+}
+
+TEST(DType, Fp8E4M3DecodesKnownCodes) {
+  EXPECT_EQ(fp8_e4m3_to_f32(0x00), 0.0f);
+  EXPECT_EQ(fp8_e4m3_to_f32(0x38), 1.0f);     // exp 7, mant 0
+  EXPECT_EQ(fp8_e4m3_to_f32(0x7e), 448.0f);   // largest finite
+  EXPECT_EQ(fp8_e4m3_to_f32(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
+  EXPECT_EQ(fp8_e4m3_to_f32(0xb8), -1.0f);
+  EXPECT_TRUE(std::isnan(fp8_e4m3_to_f32(0x7f)));
+}
+
+TEST(DType, Fp8E4M3EncodeIsInverseOnEveryFiniteCode) {
+  for (int code = 0; code < 256; ++code) {
+    if ((code & 0x7f) == 0x7f) continue;
+    if (code == 0x80) continue;  // -0 encodes as 0x80 too, but compare values
+    float v = fp8_e4m3_to_f32(static_cast<uint8_t>(code));
+    EXPECT_EQ(f32_to_fp8_e4m3(v), code) << code;
+  }
+  EXPECT_EQ(f32_to_fp8_e4m3(1000.0f), 0x7e);  // saturates
+}
+
+TEST(DType, F16RoundTrip) {
+  for (float v : {0.0f, 1.0f, -2.5f, 65504.0f, 6.1035156e-05f}) EXPECT_EQ(f16_to_f32(f32_to_f16(v)), v);
+}
+
+TEST(ThreadPool, CoversRangeExactlyOnce) {
+  ThreadPool pool(3);
+  std::vector<std::atomic<int>> hits(1000);
+  for (int rep = 0; rep < 50; ++rep) {
+    pool.parallel_for(1000, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) hits[i]++;
+    });
+  }
+  for (auto& h : hits) EXPECT_EQ(h.load(), 50);
+}
+
+Result<int> parse_positive(int v) {
+  if (v <= 0) return make_error("value must be > 0, got {}", v);
+  return v;
+}
+Result<int> doubled(int v) {
+  MOAT_ASSIGN_OR_RETURN(int x, parse_positive(v));
+  return 2 * x;
+}
+
+TEST(Status, PropagatesErrors) {
+  EXPECT_EQ(doubled(4).value(), 8);
+  auto r = doubled(-1);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().message, "value must be > 0, got -1");
+}
+
+TEST(WeightMatrix, Fp8BlockScalesApplyPerTile) {
+  // 3 x 3 matrix with 2 x 2 blocks: non-aligned edges.
+  std::vector<uint8_t> q(9, 0x38);  // all 1.0
+  std::vector<float> scales = {1.0f, 2.0f, 3.0f, 4.0f};
+  WeightMatrix w{DType::F8_E4M3, q.data(), 3, 3, scales.data(), 2, 2};
+  EXPECT_EQ(w.at(0, 0), 1.0f);
+  EXPECT_EQ(w.at(1, 2), 2.0f);
+  EXPECT_EQ(w.at(2, 0), 3.0f);
+  EXPECT_EQ(w.at(2, 2), 4.0f);
+  EXPECT_EQ(w.rows(2, 1).at(0, 2), 4.0f);
+}
+
+}  // namespace moat
