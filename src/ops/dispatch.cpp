@@ -1,0 +1,102 @@
+#include "ops/dispatch.h"
+
+#include <cstring>
+#include <vector>
+
+namespace moat::ops {
+
+Result<Backend> parse_backend(std::string_view name) {
+  for (int i = 0; i < static_cast<int>(kBackendNames.size()); ++i)
+    if (kBackendNames[i] == name) return static_cast<Backend>(i);
+  return make_error("unknown backend '{}': expected one of reference, cpu, cuda", name);
+}
+
+std::vector<ResolvedOp> OpTable::plan(Backend backend, const ModelOpNeeds& needs) {
+  const Registry& registry = Registry::global();
+  std::vector<ResolvedOp> out;
+  auto add = [&](OpId op, std::string use, OpShape shape) {
+    out.push_back({op, std::move(use), shape, registry.resolve(op, backend, shape)});
+  };
+  add(OpId::embedding, fmt::format("embedding[{}]", dtype_name(needs.embedding_dtype)),
+      OpShape{.weight_dtype = needs.embedding_dtype});
+  for (DType d : needs.matmul_dtypes)
+    add(OpId::matmul, fmt::format("matmul[{}]", dtype_name(d)), OpShape{.weight_dtype = d});
+  add(OpId::rms_norm, "rms_norm", {});
+  add(OpId::rope, "rope", {});
+  add(OpId::silu_mul, "silu_mul", {});
+  add(OpId::add_scaled, "add_scaled", {});
+  add(OpId::mla_attention, fmt::format("mla_attention[heads/rank={}, D={}]", needs.heads_per_rank,
+                                       needs.attention_head_dim),
+      OpShape{.heads_per_rank = needs.heads_per_rank, .head_dim = needs.attention_head_dim});
+  if (needs.num_experts > 0)
+    add(OpId::moe_route, fmt::format("moe_route[E={}, k={}]", needs.num_experts, needs.top_k),
+        OpShape{.num_experts = needs.num_experts, .top_k = needs.top_k});
+  for (OpId op : {OpId::softmax, OpId::top_k_renorm_prob, OpId::top_p_renorm_prob,
+                  OpId::min_p_renorm_prob, OpId::sample_from_probs, OpId::argmax})
+    add(op, std::string(op_name(op)), {});
+  return out;
+}
+
+Result<OpTable> OpTable::resolve(Backend backend, const ModelOpNeeds& needs) {
+  OpTable table;
+  table.backend_ = backend;
+  table.resolved_ = plan(backend, needs);
+  std::vector<std::string> unsupported;
+  for (const ResolvedOp& r : table.resolved_) {
+    if (!r.resolution.usable()) {
+      unsupported.push_back(fmt::format("{} on {}: {}", r.use, backend_name(backend),
+                                        fmt::join(r.resolution.reasons, "; ")));
+      continue;
+    }
+    void* fn = r.resolution.kernel->fn;
+    switch (r.op) {
+      case OpId::embedding: table.embedding_ = reinterpret_cast<EmbeddingFn>(fn); break;
+      case OpId::matmul: table.matmul_[static_cast<int>(r.shape.weight_dtype)] = reinterpret_cast<MatmulFn>(fn); break;
+      case OpId::rms_norm: table.rms_norm_ = reinterpret_cast<RmsNormFn>(fn); break;
+      case OpId::rope: table.rope_ = reinterpret_cast<RopeFn>(fn); break;
+      case OpId::silu_mul: table.silu_mul_ = reinterpret_cast<SiluMulFn>(fn); break;
+      case OpId::add_scaled: table.add_scaled_ = reinterpret_cast<AddScaledFn>(fn); break;
+      case OpId::mla_attention:
+        table.mla_attention_ = reinterpret_cast<MlaAttentionFn>(fn);
+        if (r.resolution.kind == Resolution::Kind::pad_heads) table.mla_pad_to_ = r.resolution.pad_to;
+        break;
+      case OpId::moe_route: table.moe_route_ = reinterpret_cast<MoeRouteFn>(fn); break;
+      case OpId::softmax: table.softmax_ = reinterpret_cast<SoftmaxFn>(fn); break;
+      case OpId::top_k_renorm_prob: table.top_k_ = reinterpret_cast<TopKRenormFn>(fn); break;
+      case OpId::top_p_renorm_prob: table.top_p_ = reinterpret_cast<TopPRenormFn>(fn); break;
+      case OpId::min_p_renorm_prob: table.min_p_ = reinterpret_cast<MinPRenormFn>(fn); break;
+      case OpId::sample_from_probs: table.sample_ = reinterpret_cast<SampleFromProbsFn>(fn); break;
+      case OpId::argmax: table.argmax_ = reinterpret_cast<ArgmaxFn>(fn); break;
+    }
+  }
+  if (!unsupported.empty())
+    return make_error("cannot run this model on the {} backend:\n  {}", backend_name(backend),
+                      fmt::join(unsupported, "\n  "));
+  return table;
+}
+
+void OpTable::mla_attention(const MlaAttentionArgs& args) const {
+  if (mla_pad_to_ == 0 || mla_pad_to_ == args.num_heads) {
+    mla_attention_(args);
+    return;
+  }
+  // PadHeads: zero query heads attend uniformly and their outputs are dropped, so the real heads'
+  // results are exactly those of an unpadded run.
+  const int64_t D = args.kv_lora + args.rope_dim;
+  const int64_t H = args.num_heads, P = mla_pad_to_;
+  thread_local std::vector<float> q_padded, out_padded;
+  q_padded.assign(static_cast<size_t>(args.num_tokens * P * D), 0.0f);
+  out_padded.resize(static_cast<size_t>(args.num_tokens * P * args.kv_lora));
+  for (int64_t t = 0; t < args.num_tokens; ++t)
+    std::memcpy(&q_padded[t * P * D], args.q + t * H * D, sizeof(float) * H * D);
+  MlaAttentionArgs padded = args;
+  padded.q = q_padded.data();
+  padded.num_heads = P;
+  padded.out = out_padded.data();
+  mla_attention_(padded);
+  for (int64_t t = 0; t < args.num_tokens; ++t)
+    std::memcpy(args.out + t * H * args.kv_lora, &out_padded[t * P * args.kv_lora],
+                sizeof(float) * H * args.kv_lora);
+}
+
+}  // namespace moat::ops

@@ -1,0 +1,94 @@
+// Load-time dispatch: every op a model will run is resolved once, before the first request, into
+// an OpTable of function pointers. Model, sampling and speculative code call ops only through it.
+#pragma once
+
+#include <array>
+#include <vector>
+
+#include "base/check.h"
+#include "base/status.h"
+#include "ops/kernel_types.h"
+#include "ops/registry.h"
+
+namespace moat::ops {
+
+// What a loaded model needs from the backend, at its tensor-parallel degree.
+struct ModelOpNeeds {
+  std::vector<DType> matmul_dtypes;  // every weight dtype the model's linear layers use
+  DType embedding_dtype = DType::BF16;
+  int64_t heads_per_rank = 0;        // num_attention_heads / tp
+  int64_t attention_head_dim = 0;    // kv_lora_rank + qk_rope_head_dim
+  int64_t num_experts = 0;           // 0 for dense models
+  int64_t top_k = 0;
+};
+
+struct ResolvedOp {
+  OpId op;
+  std::string use;  // "matmul[BF16]", "mla_attention", ...
+  OpShape shape;
+  Resolution resolution;
+};
+
+class OpTable {
+ public:
+  // Resolves every op (including every sampling op). Fails, naming each unsupported op, backend,
+  // shape and reason, when any op cannot run.
+  static Result<OpTable> resolve(Backend backend, const ModelOpNeeds& needs);
+  // The same resolution without failing, for `moat doctor`.
+  static std::vector<ResolvedOp> plan(Backend backend, const ModelOpNeeds& needs);
+
+  Backend backend() const { return backend_; }
+  const std::vector<ResolvedOp>& resolved() const { return resolved_; }
+
+  void embedding(const WeightMatrix& table, const int32_t* ids, int64_t T, float* out) const {
+    embedding_(table, ids, T, out);
+  }
+  void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y) const {
+    MatmulFn fn = matmul_[static_cast<int>(w.dtype)];
+    MOAT_CHECK(fn != nullptr, "matmul for {} was not resolved at load time", dtype_name(w.dtype));
+    fn(x, T, w, y);
+  }
+  void rms_norm(const float* x, const float* w, int64_t T, int64_t dim, float eps, float* y) const {
+    rms_norm_(x, w, T, dim, eps, y);
+  }
+  void rope(const RopeArgs& args) const { rope_(args); }
+  void silu_mul(const float* gate_up, int64_t T, int64_t n, float* y) const { silu_mul_(gate_up, T, n, y); }
+  void add_scaled(float* y, const float* x, float alpha, int64_t n) const { add_scaled_(y, x, alpha, n); }
+  // Zero-pads heads to the kernel's supported count when the resolution says PadHeads.
+  void mla_attention(const MlaAttentionArgs& args) const;
+  void moe_route(const MoeRouteArgs& args) const { moe_route_(args); }
+  void softmax(const float* x, int64_t T, int64_t n, float temperature, float* probs) const {
+    softmax_(x, T, n, temperature, probs);
+  }
+  void top_k_renorm_prob(float* p, int64_t T, int64_t n, const int32_t* k) const { top_k_(p, T, n, k); }
+  void top_p_renorm_prob(float* p, int64_t T, int64_t n, const float* top_p) const { top_p_(p, T, n, top_p); }
+  void min_p_renorm_prob(float* p, int64_t T, int64_t n, const float* min_p) const { min_p_(p, T, n, min_p); }
+  void sample_from_probs(const float* p, int64_t T, int64_t n, const float* u, int32_t* out) const {
+    sample_(p, T, n, u, out);
+  }
+  void argmax(const float* x, int64_t T, int64_t n, int32_t* out) const { argmax_(x, T, n, out); }
+
+ private:
+  Backend backend_ = Backend::reference;
+  std::vector<ResolvedOp> resolved_;
+  EmbeddingFn embedding_ = nullptr;
+  std::array<MatmulFn, 16> matmul_{};
+  RmsNormFn rms_norm_ = nullptr;
+  RopeFn rope_ = nullptr;
+  SiluMulFn silu_mul_ = nullptr;
+  AddScaledFn add_scaled_ = nullptr;
+  MlaAttentionFn mla_attention_ = nullptr;
+  int64_t mla_pad_to_ = 0;  // 0: no padding
+  MoeRouteFn moe_route_ = nullptr;
+  SoftmaxFn softmax_ = nullptr;
+  TopKRenormFn top_k_ = nullptr;
+  TopPRenormFn top_p_ = nullptr;
+  MinPRenormFn min_p_ = nullptr;
+  SampleFromProbsFn sample_ = nullptr;
+  ArgmaxFn argmax_ = nullptr;
+};
+
+// Parses "reference" / "cpu" / "cuda".
+Result<Backend> parse_backend(std::string_view name);
+
+}  // namespace moat::ops

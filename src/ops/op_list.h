@@ -1,0 +1,55 @@
+// The one list of ops. Every op that model, sampling or speculative code runs is named here once;
+// kernels register against these ids per backend (registry.h), and `moat doctor`, docs/ops.md and
+// the parity tests all iterate this list, so nothing can be added on one side only.
+#pragma once
+
+#include <array>
+#include <string_view>
+
+namespace moat::ops {
+
+// X(name, summary)
+#define MOAT_OP_LIST(X)                                                                         \
+  X(embedding, "out[T, hidden] = fp32(table[ids[t]]) (bf16/f16/f32 rows)")                     \
+  X(matmul, "y[T, out] = x[T, in] . W[out, in]^T, W bf16/f16/f32 or fp8 e4m3 block-scaled")     \
+  X(rms_norm, "y[T, dim] = x * rsqrt(mean(x^2) + eps) * weight")                                \
+  X(rope, "rotate interleaved pairs of x[T, heads, rope_dim] by position (YaRN cos/sin table)") \
+  X(silu_mul, "y[T, n] = silu(gate[T, n]) * up[T, n]")                                          \
+  X(add_scaled, "y[n] += alpha * x[n] (residual adds, expert combine)")                         \
+  X(mla_attention, "absorbed MLA: out[T, heads, kv_lora] = softmax(q.latent^T * scale) . latent") \
+  X(moe_route, "router scores -> top-k experts and weights (noaux_tc groups / greedy)")         \
+  X(softmax, "rows of x[T, n] -> probabilities, with temperature")                               \
+  X(top_k_renorm_prob, "keep p >= k-th largest (ties kept), renormalize")                       \
+  X(top_p_renorm_prob, "keep the smallest top set reaching p (ties kept), renormalize")        \
+  X(min_p_renorm_prob, "keep p >= min_p * max(p), renormalize")                                 \
+  X(sample_from_probs, "draw one index per row from probabilities with a uniform u")           \
+  X(argmax, "index of the largest value per row (lowest index on ties)")
+
+enum class OpId {
+#define MOAT_OP_ENUM(name, summary) name,
+  MOAT_OP_LIST(MOAT_OP_ENUM)
+#undef MOAT_OP_ENUM
+};
+
+#define MOAT_OP_COUNT(name, summary) +1
+inline constexpr int kNumOps = 0 MOAT_OP_LIST(MOAT_OP_COUNT);
+#undef MOAT_OP_COUNT
+
+inline constexpr std::array<std::string_view, kNumOps> kOpNames = {
+#define MOAT_OP_NAME(name, summary) #name,
+    MOAT_OP_LIST(MOAT_OP_NAME)
+#undef MOAT_OP_NAME
+};
+inline constexpr std::array<std::string_view, kNumOps> kOpSummaries = {
+#define MOAT_OP_SUMMARY(name, summary) summary,
+    MOAT_OP_LIST(MOAT_OP_SUMMARY)
+#undef MOAT_OP_SUMMARY
+};
+
+inline std::string_view op_name(OpId op) { return kOpNames[static_cast<int>(op)]; }
+
+enum class Backend { reference, cpu, cuda };
+inline constexpr std::array<std::string_view, 3> kBackendNames = {"reference", "cpu", "cuda"};
+inline std::string_view backend_name(Backend b) { return kBackendNames[static_cast<int>(b)]; }
+
+}  // namespace moat::ops

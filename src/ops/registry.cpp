@@ -1,0 +1,169 @@
+#include "ops/registry.h"
+
+#include <algorithm>
+#include <fmt/format.h>
+
+namespace moat::ops {
+
+bool HeadsConstraint::allows(int64_t heads) const {
+  if (heads <= 0) return false;
+  if (std::find(one_of.begin(), one_of.end(), heads) != one_of.end()) return true;
+  return multiple_of > 0 && heads % multiple_of == 0;
+}
+
+std::optional<int64_t> HeadsConstraint::pad_target(int64_t heads) const {
+  std::optional<int64_t> best;
+  for (int64_t h : one_of)
+    if (h >= heads && (!best || h < *best)) best = h;
+  if (multiple_of > 0) {
+    int64_t m = ((heads + multiple_of - 1) / multiple_of) * multiple_of;
+    if (!best || m < *best) best = m;
+  }
+  return best;
+}
+
+std::string HeadsConstraint::describe() const {
+  std::vector<std::string> parts;
+  if (!one_of.empty()) parts.push_back(fmt::format("OneOf{{{}}}", fmt::join(one_of, ",")));
+  if (multiple_of > 0) parts.push_back(fmt::format("MultipleOf{{{}}}", multiple_of));
+  return parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, " | "));
+}
+
+std::vector<std::string> Constraints::check(const OpShape& shape) const {
+  std::vector<std::string> reasons;
+  if (!weight_dtypes.empty() &&
+      std::find(weight_dtypes.begin(), weight_dtypes.end(), shape.weight_dtype) == weight_dtypes.end()) {
+    std::vector<std::string_view> names;
+    for (DType d : weight_dtypes) names.push_back(dtype_name(d));
+    reasons.push_back(fmt::format("weight dtype {} not in {{{}}}", dtype_name(shape.weight_dtype),
+                                  fmt::join(names, ",")));
+  }
+  if (heads && !heads->allows(shape.heads_per_rank))
+    reasons.push_back(fmt::format("heads per rank {} not in {}", shape.heads_per_rank, heads->describe()));
+  if (head_dim_multiple_of > 0 && shape.head_dim % head_dim_multiple_of != 0)
+    reasons.push_back(fmt::format("head dim {} not a multiple of {}", shape.head_dim, head_dim_multiple_of));
+  if (max_head_dim > 0 && shape.head_dim > max_head_dim)
+    reasons.push_back(fmt::format("head dim {} > {}", shape.head_dim, max_head_dim));
+  if (max_experts > 0 && shape.num_experts > max_experts)
+    reasons.push_back(fmt::format("{} experts > {}", shape.num_experts, max_experts));
+  if (max_top_k > 0 && shape.top_k > max_top_k)
+    reasons.push_back(fmt::format("top_k {} > {}", shape.top_k, max_top_k));
+  return reasons;
+}
+
+std::string Constraints::describe() const {
+  std::vector<std::string> parts;
+  if (!weight_dtypes.empty()) {
+    std::vector<std::string_view> names;
+    for (DType d : weight_dtypes) names.push_back(dtype_name(d));
+    parts.push_back(fmt::format("dtype {{{}}}", fmt::join(names, ",")));
+  }
+  if (heads) parts.push_back("heads " + heads->describe());
+  if (head_dim_multiple_of > 0) parts.push_back(fmt::format("head_dim % {} == 0", head_dim_multiple_of));
+  if (max_head_dim > 0) parts.push_back(fmt::format("head_dim <= {}", max_head_dim));
+  if (max_experts > 0) parts.push_back(fmt::format("experts <= {}", max_experts));
+  if (max_top_k > 0) parts.push_back(fmt::format("top_k <= {}", max_top_k));
+  return parts.empty() ? "any" : fmt::format("{}", fmt::join(parts, "; "));
+}
+
+std::string Resolution::describe() const {
+  switch (kind) {
+    case Kind::kernel: return fmt::format("Kernel {}", kernel->name);
+    case Kind::pad_heads: return fmt::format("PadHeads{{{}->{}}} {}", pad_from, pad_to, kernel->name);
+    case Kind::fallback: return fmt::format("Fallback {}", kernel->name);
+    case Kind::unsupported: return fmt::format("Unsupported: {}", fmt::join(reasons, "; "));
+  }
+  return "?";
+}
+
+const Registry& Registry::global() {
+  static const Registry registry = [] {
+    Registry r;
+    register_reference_kernels(r);
+    register_cpu_kernels(r);
+#ifdef MOAT_HAVE_CUDA
+    register_cuda_kernels(r);
+#endif
+    return r;
+  }();
+  return registry;
+}
+
+void Registry::add(KernelEntry entry) { entries_.push_back(std::move(entry)); }
+
+std::vector<const KernelEntry*> Registry::kernels(OpId op, Backend backend) const {
+  std::vector<const KernelEntry*> out;
+  for (const auto& e : entries_)
+    if (e.op == op && e.backend == backend) out.push_back(&e);
+  std::stable_sort(out.begin(), out.end(),
+                   [](const KernelEntry* a, const KernelEntry* b) { return a->priority > b->priority; });
+  return out;
+}
+
+std::vector<const KernelEntry*> Registry::fallbacks(OpId op, Backend backend) const {
+  std::vector<const KernelEntry*> out;
+  for (const auto& e : entries_)
+    if (e.op == op && std::find(e.fallback_for.begin(), e.fallback_for.end(), backend) != e.fallback_for.end())
+      out.push_back(&e);
+  std::stable_sort(out.begin(), out.end(),
+                   [](const KernelEntry* a, const KernelEntry* b) { return a->priority > b->priority; });
+  return out;
+}
+
+std::vector<Backend> Registry::compiled_backends() const {
+  std::vector<Backend> out;
+  for (Backend b : {Backend::reference, Backend::cpu, Backend::cuda})
+    for (const auto& e : entries_)
+      if (e.backend == b) {
+        out.push_back(b);
+        break;
+      }
+  return out;
+}
+
+Resolution Registry::resolve(OpId op, Backend backend, const OpShape& shape) const {
+  Resolution res;
+  const auto candidates = kernels(op, backend);
+  // 1. A kernel that takes the shape as it is.
+  for (const KernelEntry* k : candidates) {
+    auto reasons = k->constraints.check(shape);
+    if (reasons.empty()) {
+      res.kind = Resolution::Kind::kernel;
+      res.kernel = k;
+      return res;
+    }
+    for (auto& r : reasons) res.reasons.push_back(fmt::format("{}: {}", k->name, r));
+  }
+  // 2. A kernel whose only objection is the head count, when zero-padding heads satisfies it.
+  for (const KernelEntry* k : candidates) {
+    if (!k->constraints.heads || k->constraints.heads->allows(shape.heads_per_rank)) continue;
+    auto target = k->constraints.heads->pad_target(shape.heads_per_rank);
+    if (!target) continue;
+    OpShape padded = shape;
+    padded.heads_per_rank = *target;
+    if (k->constraints.check(padded).empty()) {
+      res.kind = Resolution::Kind::pad_heads;
+      res.kernel = k;
+      res.pad_from = shape.heads_per_rank;
+      res.pad_to = *target;
+      return res;
+    }
+  }
+  // 3. A declared fallback.
+  for (const KernelEntry* k : fallbacks(op, backend)) {
+    auto reasons = k->constraints.check(shape);
+    if (reasons.empty()) {
+      res.kind = Resolution::Kind::fallback;
+      res.kernel = k;
+      return res;
+    }
+    for (auto& r : reasons) res.reasons.push_back(fmt::format("{}: {}", k->name, r));
+  }
+  if (candidates.empty())
+    res.reasons.insert(res.reasons.begin(),
+                       fmt::format("no {} kernel for {} and no declared fallback", backend_name(backend), op_name(op)));
+  res.kind = Resolution::Kind::unsupported;
+  return res;
+}
+
+}  // namespace moat::ops
