@@ -6,6 +6,7 @@
 #include <numeric>
 #include <vector>
 
+#include "base/check.h"
 #include "ops/kernel_types.h"
 #include "ops/registry.h"
 
