@@ -1,0 +1,25 @@
+#include "models/op_needs.h"
+
+namespace moat {
+
+Result<ops::ModelOpNeeds> model_op_needs(const ModelConfig& config, int64_t tp) {
+  if (tp <= 0) return make_error("tensor-parallel degree must be >= 1, got {}", tp);
+  if (config.num_attention_heads % tp != 0)
+    return make_error("tensor-parallel degree {} does not divide num_attention_heads {}", tp,
+                      config.num_attention_heads);
+  ops::ModelOpNeeds needs;
+  const DType dense = config.torch_dtype == DType::F32 || config.torch_dtype == DType::F16
+                          ? config.torch_dtype
+                          : DType::BF16;
+  // FP8 checkpoints keep embed_tokens, lm_head and the router in bf16.
+  needs.matmul_dtypes = {dense};
+  if (config.quantization) needs.matmul_dtypes.push_back(DType::F8_E4M3);
+  needs.embedding_dtype = dense;
+  needs.heads_per_rank = config.num_attention_heads / tp;
+  needs.attention_head_dim = config.kv_cache_dim();
+  needs.num_experts = config.n_routed_experts;
+  needs.top_k = config.num_experts_per_tok;
+  return needs;
+}
+
+}  // namespace moat
