@@ -1,0 +1,485 @@
+// config.json -> ModelConfig. Absent fields take the defaults of the HF configuration classes
+// (DeepseekV3Config in deepseek-ai/DeepSeek-V3's configuration_deepseek.py, DeepseekV2Config in
+// DeepSeek-V2's), so a config that loads in transformers loads here with the same values. The
+// exception: the few fields that set the model's size (vocab_size, hidden_size,
+// num_hidden_layers, num_attention_heads) are required, because silently defaulting them to
+// the 671B shapes only turns a broken config into a confusing shape error at load time.
+#include "config/model_config.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+namespace moat {
+
+namespace {
+
+using nlohmann::json;
+
+struct Family {
+  std::string_view architecture;
+  std::vector<std::string_view> model_types;  // first one is the canonical type
+};
+
+const std::vector<Family>& families() {
+  static const std::vector<Family> kFamilies = {
+      {"DeepseekV3ForCausalLM", {"deepseek_v3", "kimi_k2"}},
+      {"DeepseekV2ForCausalLM", {"deepseek_v2"}},
+  };
+  return kFamilies;
+}
+
+std::string supported_architectures() {
+  std::string s;
+  for (const auto& f : families()) s += (s.empty() ? "" : ", ") + std::string(f.architecture);
+  return s;
+}
+
+// The HF class defaults for everything not read as required.
+ModelConfig family_defaults(std::string_view architecture) {
+  ModelConfig c;
+  if (architecture == "DeepseekV3ForCausalLM") {
+    c.intermediate_size = 18432;
+    c.moe_intermediate_size = 2048;
+    c.num_key_value_heads = 128;
+    c.num_nextn_predict_layers = 1;
+    c.q_lora_rank = 1536;
+    c.kv_lora_rank = 512;
+    c.qk_nope_head_dim = 128;
+    c.qk_rope_head_dim = 64;
+    c.v_head_dim = 128;
+    c.n_routed_experts = 256;
+    c.n_shared_experts = 1;
+    c.num_experts_per_tok = 8;
+    c.n_group = 8;
+    c.topk_group = 4;
+    c.first_k_dense_replace = 3;
+    c.moe_layer_freq = 1;
+    c.routed_scaling_factor = 2.5;
+    c.norm_topk_prob = true;
+    c.topk_method = "noaux_tc";
+    c.scoring_func = "sigmoid";
+    c.max_position_embeddings = 4096;
+    c.bos_token_id = 0;
+    c.eos_token_ids = {1};
+  } else {  // DeepseekV2ForCausalLM
+    c.intermediate_size = 11008;
+    c.moe_intermediate_size = 1407;
+    c.num_key_value_heads = 32;
+    c.num_nextn_predict_layers = 0;
+    c.q_lora_rank = 1536;
+    c.kv_lora_rank = 512;
+    c.qk_nope_head_dim = 128;
+    c.qk_rope_head_dim = 64;
+    c.v_head_dim = 128;
+    // HF's V2 defaults are None for the MoE fields: a dense model.
+    c.n_routed_experts = 0;
+    c.n_shared_experts = 0;
+    c.num_experts_per_tok = 0;
+    c.n_group = 1;
+    c.topk_group = 1;
+    c.first_k_dense_replace = 0;
+    c.moe_layer_freq = 1;
+    c.routed_scaling_factor = 1.0;
+    c.norm_topk_prob = false;
+    c.topk_method = "greedy";  // HF spells its default "gready"; every published config says greedy
+    c.scoring_func = "softmax";
+    c.max_position_embeddings = 2048;
+    c.bos_token_id = 100000;
+    c.eos_token_ids = {100001};
+  }
+  c.rope_theta = 10000.0;
+  c.rms_norm_eps = 1e-6;
+  c.tie_word_embeddings = false;
+  c.torch_dtype = DType::BF16;
+  return c;
+}
+
+std::string type_name(const json& v) { return v.type_name(); }
+
+// Field readers. Each returns an error naming the field when the value has the wrong type;
+// an absent field (or JSON null, where HF treats None as "use the default") leaves *out as is.
+Status read_int(const json& obj, const char* key, int64_t* out, const char* where = "") {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return ok_status();
+  if (it->is_number_integer() || it->is_number_unsigned()) {
+    *out = it->get<int64_t>();
+    return ok_status();
+  }
+  if (it->is_number_float()) {
+    double d = it->get<double>();
+    if (std::floor(d) == d && std::abs(d) < 9e15) {
+      *out = static_cast<int64_t>(d);
+      return ok_status();
+    }
+  }
+  return make_error("config field '{}{}': expected an integer, got {} {}", where, key,
+                    type_name(*it), it->dump());
+}
+
+Status read_double(const json& obj, const char* key, double* out, const char* where = "") {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return ok_status();
+  if (!it->is_number())
+    return make_error("config field '{}{}': expected a number, got {} {}", where, key,
+                      type_name(*it), it->dump());
+  *out = it->get<double>();
+  return ok_status();
+}
+
+Status read_bool(const json& obj, const char* key, bool* out) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return ok_status();
+  if (!it->is_boolean())
+    return make_error("config field '{}': expected true or false, got {}", key, it->dump());
+  *out = it->get<bool>();
+  return ok_status();
+}
+
+Status read_string(const json& obj, const char* key, std::string* out, const char* where = "") {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return ok_status();
+  if (!it->is_string())
+    return make_error("config field '{}{}': expected a string, got {} {}", where, key,
+                      type_name(*it), it->dump());
+  *out = it->get<std::string>();
+  return ok_status();
+}
+
+Status require(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null())
+    return make_error("config field '{}' is missing: it is required", key);
+  return ok_status();
+}
+
+Result<RopeScaling> parse_rope_scaling(const json& j) {
+  if (!j.is_object())
+    return make_error("config field 'rope_scaling': expected an object or null, got {}",
+                      j.dump());
+  RopeScaling r;
+  // Older configs spell the kind "type", newer transformers versions "rope_type".
+  std::string type;
+  MOAT_TRY(read_string(j, "type", &type, "rope_scaling."));
+  if (type.empty()) MOAT_TRY(read_string(j, "rope_type", &type, "rope_scaling."));
+  if (type != "yarn")
+    return make_error(
+        "config field 'rope_scaling.type': expected \"yarn\" (the only scaling these models "
+        "use), got \"{}\"",
+        type);
+  r.type = type;
+  if (!j.contains("factor") || j["factor"].is_null())
+    return make_error("config field 'rope_scaling.factor' is missing: yarn needs it");
+  MOAT_TRY(read_double(j, "factor", &r.factor, "rope_scaling."));
+  MOAT_TRY(read_int(j, "original_max_position_embeddings", &r.original_max_position_embeddings,
+                    "rope_scaling."));
+  MOAT_TRY(read_double(j, "beta_fast", &r.beta_fast, "rope_scaling."));
+  MOAT_TRY(read_double(j, "beta_slow", &r.beta_slow, "rope_scaling."));
+  MOAT_TRY(read_double(j, "mscale", &r.mscale, "rope_scaling."));
+  MOAT_TRY(read_double(j, "mscale_all_dim", &r.mscale_all_dim, "rope_scaling."));
+  if (!(r.factor >= 1.0))
+    return make_error("config field 'rope_scaling.factor': expected a number >= 1, got {}",
+                      r.factor);
+  if (r.original_max_position_embeddings <= 0)
+    return make_error(
+        "config field 'rope_scaling.original_max_position_embeddings': expected > 0, got {}",
+        r.original_max_position_embeddings);
+  return r;
+}
+
+Result<QuantizationConfig> parse_quantization(const json& j) {
+  if (!j.is_object())
+    return make_error("config field 'quantization_config': expected an object, got {}",
+                      j.dump());
+  QuantizationConfig q;
+  q.fmt = "e4m3";
+  q.activation_scheme = "dynamic";
+  MOAT_TRY(read_string(j, "quant_method", &q.quant_method, "quantization_config."));
+  if (q.quant_method != "fp8")
+    return make_error(
+        "config field 'quantization_config.quant_method': expected \"fp8\" (block-scaled "
+        "e4m3), got \"{}\"",
+        q.quant_method);
+  MOAT_TRY(read_string(j, "fmt", &q.fmt, "quantization_config."));
+  if (q.fmt != "e4m3")
+    return make_error("config field 'quantization_config.fmt': expected \"e4m3\", got \"{}\"",
+                      q.fmt);
+  MOAT_TRY(read_string(j, "activation_scheme", &q.activation_scheme, "quantization_config."));
+  if (auto it = j.find("weight_block_size"); it != j.end() && !it->is_null()) {
+    if (!it->is_array() || it->size() != 2 || !(*it)[0].is_number_integer() ||
+        !(*it)[1].is_number_integer() || (*it)[0].get<int64_t>() <= 0 ||
+        (*it)[1].get<int64_t>() <= 0)
+      return make_error(
+          "config field 'quantization_config.weight_block_size': expected two positive "
+          "integers [block_out, block_in], got {}",
+          it->dump());
+    q.block_out = (*it)[0].get<int64_t>();
+    q.block_in = (*it)[1].get<int64_t>();
+  }
+  return q;
+}
+
+Result<DType> parse_torch_dtype(const std::string& s) {
+  if (s == "bfloat16") return DType::BF16;
+  if (s == "float16" || s == "half") return DType::F16;
+  if (s == "float32" || s == "float") return DType::F32;
+  return make_error(
+      "config field 'torch_dtype': expected \"bfloat16\", \"float16\" or \"float32\", got \"{}\"",
+      s);
+}
+
+Status validate(const ModelConfig& c) {
+  auto positive = [](const char* field, int64_t v) -> Status {
+    if (v <= 0) return make_error("config field '{}': expected > 0, got {}", field, v);
+    return ok_status();
+  };
+  auto non_negative = [](const char* field, int64_t v) -> Status {
+    if (v < 0) return make_error("config field '{}': expected >= 0, got {}", field, v);
+    return ok_status();
+  };
+  MOAT_TRY(positive("vocab_size", c.vocab_size));
+  MOAT_TRY(positive("hidden_size", c.hidden_size));
+  MOAT_TRY(positive("num_hidden_layers", c.num_hidden_layers));
+  MOAT_TRY(positive("num_attention_heads", c.num_attention_heads));
+  MOAT_TRY(positive("num_key_value_heads", c.num_key_value_heads));
+  MOAT_TRY(non_negative("num_nextn_predict_layers", c.num_nextn_predict_layers));
+  if (c.q_lora_rank) MOAT_TRY(positive("q_lora_rank", *c.q_lora_rank));
+  MOAT_TRY(positive("kv_lora_rank", c.kv_lora_rank));
+  MOAT_TRY(non_negative("qk_nope_head_dim", c.qk_nope_head_dim));
+  MOAT_TRY(positive("qk_rope_head_dim", c.qk_rope_head_dim));
+  if (c.qk_rope_head_dim % 2 != 0)
+    return make_error("config field 'qk_rope_head_dim': expected an even number (RoPE rotates "
+                      "pairs), got {}",
+                      c.qk_rope_head_dim);
+  MOAT_TRY(positive("v_head_dim", c.v_head_dim));
+  MOAT_TRY(positive("max_position_embeddings", c.max_position_embeddings));
+  if (!(c.rope_theta > 0))
+    return make_error("config field 'rope_theta': expected > 0, got {}", c.rope_theta);
+  if (!(c.rms_norm_eps > 0))
+    return make_error("config field 'rms_norm_eps': expected > 0, got {}", c.rms_norm_eps);
+
+  if (c.topk_method != "noaux_tc" && c.topk_method != "greedy" &&
+      c.topk_method != "group_limited_greedy")
+    return make_error("config field 'topk_method': expected one of noaux_tc, greedy, "
+                      "group_limited_greedy, got \"{}\"",
+                      c.topk_method);
+  if (c.scoring_func != "sigmoid" && c.scoring_func != "softmax")
+    return make_error("config field 'scoring_func': expected sigmoid or softmax, got \"{}\"",
+                      c.scoring_func);
+  MOAT_TRY(non_negative("n_routed_experts", c.n_routed_experts));
+  MOAT_TRY(non_negative("n_shared_experts", c.n_shared_experts));
+  MOAT_TRY(non_negative("first_k_dense_replace", c.first_k_dense_replace));
+  MOAT_TRY(positive("moe_layer_freq", c.moe_layer_freq));
+
+  bool any_dense = false;
+  for (int64_t i = 0; i < c.num_hidden_layers && !any_dense; ++i) any_dense = !c.is_moe_layer(i);
+  if (any_dense) MOAT_TRY(positive("intermediate_size", c.intermediate_size));
+
+  if (c.n_routed_experts > 0) {
+    MOAT_TRY(positive("moe_intermediate_size", c.moe_intermediate_size));
+    MOAT_TRY(positive("num_experts_per_tok", c.num_experts_per_tok));
+    MOAT_TRY(positive("n_group", c.n_group));
+    MOAT_TRY(positive("topk_group", c.topk_group));
+    if (c.num_experts_per_tok > c.n_routed_experts)
+      return make_error("config field 'num_experts_per_tok': expected <= n_routed_experts ({}), "
+                        "got {}",
+                        c.n_routed_experts, c.num_experts_per_tok);
+    if (c.n_routed_experts % c.n_group != 0)
+      return make_error("config field 'n_group': n_routed_experts ({}) must be divisible by "
+                        "n_group, got n_group = {}",
+                        c.n_routed_experts, c.n_group);
+    if (c.topk_group > c.n_group)
+      return make_error("config field 'topk_group': expected <= n_group ({}), got {}", c.n_group,
+                        c.topk_group);
+    if (c.topk_method == "noaux_tc" && c.scoring_func != "sigmoid")
+      return make_error("config field 'scoring_func': topk_method noaux_tc expects \"sigmoid\", "
+                        "got \"{}\"",
+                        c.scoring_func);
+    // Group-limited routing picks all experts from the topk_group best groups.
+    if (c.topk_method != "greedy") {
+      const int64_t reachable = c.topk_group * (c.n_routed_experts / c.n_group);
+      if (c.num_experts_per_tok > reachable)
+        return make_error("config field 'num_experts_per_tok': {} routing reaches only "
+                          "topk_group * n_routed_experts / n_group = {} experts, got {}",
+                          c.topk_method, reachable, c.num_experts_per_tok);
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+double yarn_get_mscale(double factor, double mscale) {
+  if (factor <= 1.0) return 1.0;
+  return 0.1 * mscale * std::log(factor) + 1.0;
+}
+
+double ModelConfig::softmax_scale() const {
+  double scale = 1.0 / std::sqrt(static_cast<double>(qk_head_dim()));
+  if (rope_scaling && rope_scaling->mscale_all_dim != 0.0) {
+    const double m = yarn_get_mscale(rope_scaling->factor, rope_scaling->mscale_all_dim);
+    scale *= m * m;
+  }
+  return scale;
+}
+
+Result<ModelConfig> parse_model_config(const nlohmann::json& j) {
+  if (!j.is_object())
+    return make_error("config: expected a JSON object at the top level, got {}", j.type_name());
+
+  // architectures: the first supported entry decides the family.
+  auto arch_it = j.find("architectures");
+  if (arch_it == j.end() || arch_it->is_null())
+    return make_error("config field 'architectures' is missing: expected one of [{}]",
+                      supported_architectures());
+  if (!arch_it->is_array() || arch_it->empty())
+    return make_error("config field 'architectures': expected a non-empty list, got {}",
+                      arch_it->dump());
+  const Family* family = nullptr;
+  for (const auto& a : *arch_it) {
+    if (!a.is_string()) continue;
+    for (const auto& f : families())
+      if (a.get<std::string>() == f.architecture) family = &f;
+    if (family) break;
+  }
+  if (!family)
+    return make_error("config field 'architectures': {} is not supported; supported: [{}]",
+                      arch_it->dump(), supported_architectures());
+
+  ModelConfig c = family_defaults(family->architecture);
+  c.architecture = family->architecture;
+  c.model_type = family->model_types.front();
+  MOAT_TRY(read_string(j, "model_type", &c.model_type));
+  bool type_ok = false;
+  for (auto t : family->model_types) type_ok = type_ok || t == c.model_type;
+  if (!type_ok) {
+    std::string expected;
+    for (auto t : family->model_types) expected += (expected.empty() ? "" : ", ") + std::string(t);
+    return make_error("config field 'model_type': {} expects one of [{}], got \"{}\"",
+                      c.architecture, expected, c.model_type);
+  }
+
+  for (const char* key : {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"})
+    MOAT_TRY(require(j, key));
+  MOAT_TRY(read_int(j, "vocab_size", &c.vocab_size));
+  MOAT_TRY(read_int(j, "hidden_size", &c.hidden_size));
+  MOAT_TRY(read_int(j, "intermediate_size", &c.intermediate_size));
+  MOAT_TRY(read_int(j, "moe_intermediate_size", &c.moe_intermediate_size));
+  MOAT_TRY(read_int(j, "num_hidden_layers", &c.num_hidden_layers));
+  MOAT_TRY(read_int(j, "num_nextn_predict_layers", &c.num_nextn_predict_layers));
+  MOAT_TRY(read_int(j, "num_attention_heads", &c.num_attention_heads));
+  // HF: an explicit null means "as many as the attention heads"; absent means the class default.
+  if (auto it = j.find("num_key_value_heads"); it != j.end() && it->is_null())
+    c.num_key_value_heads = c.num_attention_heads;
+  MOAT_TRY(read_int(j, "num_key_value_heads", &c.num_key_value_heads));
+
+  // q_lora_rank: null means no query compression (q = q_proj(x), as in V2-Lite).
+  if (auto it = j.find("q_lora_rank"); it != j.end()) {
+    if (it->is_null()) {
+      c.q_lora_rank.reset();
+    } else {
+      int64_t r = 0;
+      MOAT_TRY(read_int(j, "q_lora_rank", &r));
+      c.q_lora_rank = r;
+    }
+  }
+  MOAT_TRY(read_int(j, "kv_lora_rank", &c.kv_lora_rank));
+  MOAT_TRY(read_int(j, "qk_nope_head_dim", &c.qk_nope_head_dim));
+  MOAT_TRY(read_int(j, "qk_rope_head_dim", &c.qk_rope_head_dim));
+  MOAT_TRY(read_int(j, "v_head_dim", &c.v_head_dim));
+
+  // MoE. In V2 configs null means "no MoE" / "no groups", which the defaults already say; in a V3
+  // config a null here is read the same way (None disables the feature in HF's modeling code).
+  auto read_nullable = [&](const char* key, int64_t* out, int64_t if_null) -> Status {
+    if (auto it = j.find(key); it != j.end() && it->is_null()) {
+      *out = if_null;
+      return ok_status();
+    }
+    return read_int(j, key, out);
+  };
+  MOAT_TRY(read_nullable("n_routed_experts", &c.n_routed_experts, 0));
+  MOAT_TRY(read_nullable("n_shared_experts", &c.n_shared_experts, 0));
+  MOAT_TRY(read_nullable("num_experts_per_tok", &c.num_experts_per_tok, 0));
+  MOAT_TRY(read_nullable("n_group", &c.n_group, 1));
+  MOAT_TRY(read_nullable("topk_group", &c.topk_group, 1));
+  MOAT_TRY(read_int(j, "first_k_dense_replace", &c.first_k_dense_replace));
+  MOAT_TRY(read_int(j, "moe_layer_freq", &c.moe_layer_freq));
+  MOAT_TRY(read_double(j, "routed_scaling_factor", &c.routed_scaling_factor));
+  MOAT_TRY(read_bool(j, "norm_topk_prob", &c.norm_topk_prob));
+  MOAT_TRY(read_string(j, "topk_method", &c.topk_method));
+  MOAT_TRY(read_string(j, "scoring_func", &c.scoring_func));
+
+  MOAT_TRY(read_int(j, "max_position_embeddings", &c.max_position_embeddings));
+  MOAT_TRY(read_double(j, "rope_theta", &c.rope_theta));
+  MOAT_TRY(read_double(j, "rms_norm_eps", &c.rms_norm_eps));
+  MOAT_TRY(read_bool(j, "tie_word_embeddings", &c.tie_word_embeddings));
+
+  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
+    MOAT_ASSIGN_OR_RETURN(RopeScaling r, parse_rope_scaling(*it));
+    c.rope_scaling = std::move(r);
+  }
+  if (auto it = j.find("quantization_config"); it != j.end() && !it->is_null()) {
+    MOAT_ASSIGN_OR_RETURN(QuantizationConfig q, parse_quantization(*it));
+    c.quantization = std::move(q);
+  }
+
+  if (auto it = j.find("bos_token_id"); it != j.end()) {
+    if (it->is_null()) {
+      c.bos_token_id.reset();
+    } else {
+      int64_t id = 0;
+      MOAT_TRY(read_int(j, "bos_token_id", &id));
+      c.bos_token_id = id;
+    }
+  }
+  if (auto it = j.find("eos_token_id"); it != j.end()) {
+    c.eos_token_ids.clear();
+    if (it->is_number_integer()) {
+      c.eos_token_ids.push_back(it->get<int64_t>());
+    } else if (it->is_array()) {
+      for (const auto& e : *it) {
+        if (!e.is_number_integer())
+          return make_error("config field 'eos_token_id': expected an integer or a list of "
+                            "integers, got {}",
+                            it->dump());
+        c.eos_token_ids.push_back(e.get<int64_t>());
+      }
+    } else if (!it->is_null()) {
+      return make_error(
+          "config field 'eos_token_id': expected an integer or a list of integers, got {}",
+          it->dump());
+    }
+  }
+
+  // transformers >= 4.56 writes "dtype"; older versions "torch_dtype".
+  std::string dtype;
+  MOAT_TRY(read_string(j, "dtype", &dtype));
+  MOAT_TRY(read_string(j, "torch_dtype", &dtype));
+  if (!dtype.empty()) {
+    MOAT_ASSIGN_OR_RETURN(c.torch_dtype, parse_torch_dtype(dtype));
+  }
+
+  MOAT_TRY(validate(c));
+  return c;
+}
+
+Result<ModelConfig> load_model_config(const std::filesystem::path& dir_or_file) {
+  std::filesystem::path path = dir_or_file;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) path /= "config.json";
+  std::ifstream in(path);
+  if (!in) return make_error("{}: cannot open config file", path.string());
+  std::stringstream text;
+  text << in.rdbuf();
+  json j;
+  try {
+    j = json::parse(text.str());
+  } catch (const json::parse_error& e) {
+    return make_error("{}: invalid JSON: {}", path.string(), e.what());
+  }
+  auto config = parse_model_config(j);
+  if (!config.ok()) return make_error("{}: {}", path.string(), config.error().message);
+  return config;
+}
+
+}  // namespace moat

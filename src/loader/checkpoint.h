@@ -1,0 +1,38 @@
+// A checkpoint directory as HF writes it: one model.safetensors, or shards listed by
+// model.safetensors.index.json ({"weight_map": {tensor name: shard file}}). All shards stay
+// mapped for the checkpoint's lifetime; find() returns views into them.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+#include "loader/safetensors.h"
+
+namespace moat {
+
+class Checkpoint {
+ public:
+  // DIR holding model.safetensors.index.json (preferred when both exist) or model.safetensors;
+  // a path to a single .safetensors file also works.
+  static Result<Checkpoint> open(const std::filesystem::path& dir);
+
+  const TensorInfo* find(std::string_view name) const;
+  // Bytes of tensor data over all tensors (what loading the whole checkpoint touches).
+  size_t total_bytes() const;
+  // Every tensor name, sorted.
+  std::vector<std::string> names() const;
+  const std::filesystem::path& dir() const { return dir_; }
+  const std::vector<std::shared_ptr<SafetensorsFile>>& files() const { return files_; }
+
+ private:
+  std::filesystem::path dir_;
+  std::vector<std::shared_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const TensorInfo*, std::less<>> index_;
+};
+
+}  // namespace moat

@@ -1,0 +1,219 @@
+#include "loader/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+
+namespace moat {
+
+namespace {
+
+using nlohmann::json;
+
+// numel * elem_size, or nullopt on overflow (a hostile header must not wrap around).
+std::optional<uint64_t> checked_bytes(const std::vector<int64_t>& shape, size_t elem_size) {
+  uint64_t n = elem_size;
+  for (int64_t d : shape) {
+    if (d < 0) return std::nullopt;
+    if (d != 0 && n > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d))
+      return std::nullopt;
+    n *= static_cast<uint64_t>(d);
+  }
+  return n;
+}
+
+}  // namespace
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_) munmap(map_, size_);
+}
+
+const TensorInfo* SafetensorsFile::find(std::string_view name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : &tensors_[it->second];
+}
+
+Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::filesystem::path& path) {
+  const std::string file = path.string();
+  std::shared_ptr<SafetensorsFile> f(new SafetensorsFile());
+  f->path_ = path;
+
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return make_error("{}: cannot open: {}", file, std::strerror(errno));
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return make_error("{}: cannot stat: {}", file, std::strerror(err));
+  }
+  f->size_ = static_cast<size_t>(st.st_size);
+  if (f->size_ < 8) {
+    ::close(fd);
+    return make_error("{}: truncated: {} bytes, expected at least the 8-byte header length", file,
+                      f->size_);
+  }
+  // MAP_PRIVATE + PROT_READ: the checkpoint is never written through, and pages are shared
+  // with the page cache until evicted.
+  void* map = mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int map_errno = errno;
+  ::close(fd);  // the mapping keeps the file alive
+  if (map == MAP_FAILED) return make_error("{}: mmap failed: {}", file, std::strerror(map_errno));
+  f->map_ = map;
+  const auto* base = static_cast<const std::byte*>(map);
+
+  uint64_t header_len = 0;
+  for (int i = 0; i < 8; ++i)
+    header_len |= static_cast<uint64_t>(static_cast<uint8_t>(base[i])) << (8 * i);
+  if (header_len > f->size_ - 8)
+    return make_error("{}: header length {} runs past the end of the file ({} bytes)", file,
+                      header_len, f->size_);
+
+  json header;
+  try {
+    header = json::parse(reinterpret_cast<const char*>(base + 8),
+                         reinterpret_cast<const char*>(base + 8 + header_len));
+  } catch (const json::parse_error& e) {
+    return make_error("{}: invalid header JSON: {}", file, e.what());
+  }
+  if (!header.is_object())
+    return make_error("{}: invalid header JSON: expected an object, got {}", file,
+                      header.type_name());
+
+  const uint64_t data_start = 8 + header_len;
+  const uint64_t data_size = f->size_ - data_start;
+  struct Span {
+    uint64_t begin, end;
+    size_t index;
+  };
+  std::vector<Span> spans;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") continue;
+    if (!entry.is_object())
+      return make_error("{}: tensor '{}': expected an object in the header, got {}", file, name,
+                        entry.dump());
+    TensorInfo t;
+    t.name = name;
+    t.file = file;
+
+    auto dt = entry.find("dtype");
+    if (dt == entry.end() || !dt->is_string())
+      return make_error("{}: tensor '{}': missing string field 'dtype'", file, name);
+    auto dtype = dtype_from_name(dt->get<std::string>());
+    if (!dtype)
+      return make_error("{}: tensor '{}': unknown dtype \"{}\" (expected one of BF16, F16, F32, "
+                        "F8_E4M3, F64, I64, I32, I16, I8, U8, BOOL)",
+                        file, name, dt->get<std::string>());
+    t.dtype = *dtype;
+
+    auto sh = entry.find("shape");
+    if (sh == entry.end() || !sh->is_array())
+      return make_error("{}: tensor '{}': missing list field 'shape'", file, name);
+    for (const auto& d : *sh) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0)
+        return make_error("{}: tensor '{}': shape {} must hold non-negative integers", file, name,
+                          sh->dump());
+      t.shape.push_back(d.get<int64_t>());
+    }
+
+    auto off = entry.find("data_offsets");
+    if (off == entry.end() || !off->is_array() || off->size() != 2 ||
+        !(*off)[0].is_number_unsigned() || !(*off)[1].is_number_unsigned())
+      return make_error("{}: tensor '{}': 'data_offsets' must be [begin, end] (non-negative "
+                        "integers), got {}",
+                        file, name, off == entry.end() ? std::string("nothing") : off->dump());
+    const uint64_t begin = (*off)[0].get<uint64_t>();
+    const uint64_t end = (*off)[1].get<uint64_t>();
+    if (begin > end)
+      return make_error("{}: tensor '{}': data_offsets [{}, {}] end before they begin", file,
+                        name, begin, end);
+    if (end > data_size)
+      return make_error("{}: tensor '{}': data_offsets [{}, {}] run past the end of the data "
+                        "buffer ({} bytes; the file may be truncated)",
+                        file, name, begin, end, data_size);
+    auto expected = checked_bytes(t.shape, dtype_size(t.dtype));
+    if (!expected || *expected != end - begin)
+      return make_error("{}: tensor '{}': shape {} of {} needs {} bytes, but data_offsets [{}, "
+                        "{}] hold {}",
+                        file, name, shape_str(t.shape), dtype_name(t.dtype),
+                        expected ? std::to_string(*expected) : std::string("too many"), begin,
+                        end, end - begin);
+    t.data = base + data_start + begin;
+    t.nbytes = static_cast<size_t>(end - begin);
+    spans.push_back({begin, end, f->tensors_.size()});
+    f->tensors_.push_back(std::move(t));
+  }
+
+  // Overlap check in offset order; zero-byte tensors occupy nothing and never overlap.
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  const Span* prev = nullptr;
+  for (const Span& s : spans) {
+    if (s.begin == s.end) continue;
+    if (prev && s.begin < prev->end)
+      return make_error("{}: tensors '{}' [{}, {}) and '{}' [{}, {}) overlap in the data buffer",
+                        file, f->tensors_[prev->index].name, prev->begin, prev->end,
+                        f->tensors_[s.index].name, s.begin, s.end);
+    prev = &s;
+  }
+
+  std::vector<TensorInfo> ordered;
+  ordered.reserve(spans.size());
+  for (const Span& s : spans) ordered.push_back(std::move(f->tensors_[s.index]));
+  f->tensors_ = std::move(ordered);
+  for (size_t i = 0; i < f->tensors_.size(); ++i) f->by_name_.emplace(f->tensors_[i].name, i);
+  return f;
+}
+
+Status write_safetensors(const std::filesystem::path& path,
+                         const std::vector<TensorToWrite>& tensors) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  header["__metadata__"] = {{"format", "pt"}};
+  uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    auto expected = checked_bytes(t.shape, dtype_size(t.dtype));
+    if (!expected || *expected != t.bytes.size())
+      return make_error("write_safetensors {}: tensor '{}': shape {} of {} needs {} bytes, got {}",
+                        path.string(), t.name, shape_str(t.shape), dtype_name(t.dtype),
+                        expected ? std::to_string(*expected) : std::string("too many"),
+                        t.bytes.size());
+    if (header.contains(t.name))
+      return make_error("write_safetensors {}: tensor '{}' given twice", path.string(), t.name);
+    header[t.name] = {{"dtype", std::string(dtype_name(t.dtype))},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + t.bytes.size()}}};
+    offset += t.bytes.size();
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return make_error("write_safetensors {}: cannot create file", path.string());
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(uint64_t{text.size()} >> (8 * i));
+  out.write(reinterpret_cast<const char*>(len), 8);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  for (const auto& t : tensors)
+    out.write(reinterpret_cast<const char*>(t.bytes.data()),
+              static_cast<std::streamsize>(t.bytes.size()));
+  out.close();
+  if (!out) return make_error("write_safetensors {}: write failed", path.string());
+  return ok_status();
+}
+
+}  // namespace moat

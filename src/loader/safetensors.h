@@ -1,0 +1,78 @@
+// One .safetensors file, memory-mapped read-only: tensors point straight into the mapping, so a
+// checkpoint costs page cache, not heap. The file format: an 8-byte little-endian header length
+// N, N bytes of JSON {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}},
+// then the data buffer that the offsets index.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/dtype.h"
+#include "base/status.h"
+
+namespace moat {
+
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  const std::byte* data = nullptr;  // inside the mapping; valid while the file is open
+  size_t nbytes = 0;
+  std::string file;  // path of the .safetensors file, for error messages
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+// "[2048, 512]": how shapes appear in every loader message.
+std::string shape_str(const std::vector<int64_t>& shape);
+
+class SafetensorsFile {
+ public:
+  // Maps the file and checks the header against the file size. Every error names the file, and
+  // the tensor when one is at fault.
+  static Result<std::shared_ptr<SafetensorsFile>> open(const std::filesystem::path& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  // In data-offset (file) order.
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const TensorInfo* find(std::string_view name) const;
+  size_t file_size() const { return size_; }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  SafetensorsFile() = default;
+
+  std::filesystem::path path_;
+  void* map_ = nullptr;
+  size_t size_ = 0;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, size_t, std::less<>> by_name_;  // name -> index in tensors_
+};
+
+// A tensor for write_safetensors: bytes must hold exactly numel * dtype_size bytes.
+struct TensorToWrite {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+// Writes tensors in the given order (tests and tools make small checkpoints with it). The
+// header is padded with spaces to a multiple of 8 bytes, as the reference writer does, so the
+// data buffer starts 8-byte aligned.
+Status write_safetensors(const std::filesystem::path& path,
+                         const std::vector<TensorToWrite>& tensors);
+
+}  // namespace moat
