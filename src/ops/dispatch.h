@@ -52,7 +52,9 @@ class OpTable {
     rms_norm_(x, w, T, dim, eps, y);
   }
   void rope(const RopeArgs& args) const { rope_(args); }
-  void silu_mul(const float* gate_up, int64_t T, int64_t n, float* y) const { silu_mul_(gate_up, T, n, y); }
+  void silu_mul(const float* gate, const float* up, int64_t T, int64_t n, float* y) const {
+    silu_mul_(gate, up, T, n, y);
+  }
   void add_scaled(float* y, const float* x, float alpha, int64_t n) const { add_scaled_(y, x, alpha, n); }
   // Zero-pads heads to the kernel's supported count when the resolution says PadHeads.
   void mla_attention(const MlaAttentionArgs& args) const;

@@ -31,8 +31,8 @@ struct RopeArgs {
 };
 using RopeFn = void (*)(const RopeArgs& args);
 
-// y[T, n] = silu(gate) * up, with gate/up rows of a fused [T, 2n] buffer: gate = row[0:n], up = row[n:2n]
-using SiluMulFn = void (*)(const float* gate_up, int64_t T, int64_t n, float* y);
+// y[T, n] = silu(gate[T, n]) * up[T, n] (y may alias gate)
+using SiluMulFn = void (*)(const float* gate, const float* up, int64_t T, int64_t n, float* y);
 
 // y[n] += alpha * x[n]
 using AddScaledFn = void (*)(float* y, const float* x, float alpha, int64_t n);

@@ -61,12 +61,8 @@ void rope_ref(const RopeArgs& a) {
   }
 }
 
-void silu_mul_ref(const float* gate_up, int64_t T, int64_t n, float* y) {
-  for (int64_t t = 0; t < T; ++t) {
-    const float* g = gate_up + t * 2 * n;
-    const float* u = g + n;
-    for (int64_t j = 0; j < n; ++j) y[t * n + j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
-  }
+void silu_mul_ref(const float* gate, const float* up, int64_t T, int64_t n, float* y) {
+  for (int64_t i = 0; i < T * n; ++i) y[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
 void add_scaled_ref(float* y, const float* x, float alpha, int64_t n) {
