@@ -49,6 +49,9 @@ class SafetensorsFile {
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* find(std::string_view name) const;
   size_t file_size() const { return size_; }
+  // Start of the read-only mapping ([mapping(), mapping() + file_size())): every tensor's data
+  // lies inside it.
+  const std::byte* mapping() const { return static_cast<const std::byte*>(map_); }
   const std::filesystem::path& path() const { return path_; }
 
  private:
