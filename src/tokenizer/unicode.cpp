@@ -102,7 +102,7 @@ size_t incomplete_suffix_length(std::string_view text) {
     const size_t pos = n - back;
     const unsigned char b = static_cast<unsigned char>(text[pos]);
     if ((b & 0xC0) == 0x80) continue;  // continuation byte: keep looking for the lead
-    if (b < 0x80) return 0;
+    if (b < 0xC2 || b > 0xF4) return 0;  // ASCII, or a byte that never starts a sequence
     return maximal_subpart(text, pos) == back && valid_sequence_length(text, pos) == 0 ? back : 0;
   }
   return 0;
