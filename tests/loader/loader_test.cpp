@@ -599,3 +599,24 @@ TEST(WeightMapErrors, Fp8ScaleMissingOrWrongDtype) {
 
 }  // namespace
 }  // namespace moat
+
+namespace moat {
+namespace {
+
+// The checkpoints tools/make_checkpoint.py writes (tests/golden/*): config.json parses and every
+// expected tensor is present with the right shape and dtype, MTP layers included in the files.
+TEST(GoldenCheckpoints, ConfigAndCheckpointValidate) {
+  for (const char* name : {"tiny_qlora", "tiny_v2lite", "tiny_fp8"}) {
+    const fs::path dir = fs::path(MOAT_SOURCE_DIR) / "tests/golden" / name;
+    if (!fs::exists(dir / "config.json")) GTEST_SKIP() << dir << " not present";
+    auto config = load_model_config(dir);
+    ASSERT_TRUE(config.ok()) << config.error().message;
+    auto ckpt = Checkpoint::open(dir);
+    ASSERT_TRUE(ckpt.ok()) << ckpt.error().message;
+    auto s = validate_checkpoint(*ckpt, *config);
+    EXPECT_TRUE(s.ok()) << name << ": " << s.error().message;
+  }
+}
+
+}  // namespace
+}  // namespace moat
