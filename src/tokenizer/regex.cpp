@@ -2,6 +2,7 @@
 
 #include <oniguruma.h>
 
+#include <cctype>
 #include <mutex>
 
 namespace moat {
@@ -46,12 +47,8 @@ Result<Regex> Regex::compile(std::string_view pattern, std::string_view what) {
 Result<Regex> Regex::literal(std::string_view literal, std::string_view what) {
   std::string escaped;
   for (char c : literal) {
-    // Escape every ASCII punctuation character; escaping a non-special one is harmless.
-    const unsigned char u = static_cast<unsigned char>(c);
-    if (u < 0x80 && !((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                      c == ' ' || c == '_' || u >= 0x80 || c < 0x20)) {
-      escaped += '\\';
-    }
+    // Escaping every ASCII punctuation character is harmless and covers all metacharacters.
+    if (std::ispunct(static_cast<unsigned char>(c))) escaped += '\\';
     if (c == '\n') {
       escaped += "\\n";
     } else if (c == '\r') {

@@ -360,6 +360,18 @@ TEST(BadInputTest, MinimalTokenizerJsonLoads) {
   EXPECT_EQ(loaded_pairs->encode("ab"), (std::vector<int32_t>{2}));
 }
 
+TEST(PreTokenizerTest, SplitOnLiteralString) {
+  TempDir dir;
+  dir.write("tokenizer.json",
+            minimal_json("null", R"({"type": "Sequence", "pretokenizers": [
+              {"type": "Split", "pattern": {"String": "b."}, "behavior": "Removed"},
+              {"type": "ByteLevel", "use_regex": false}]})"));
+  auto loaded = Tokenizer::load(dir.path);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+  // "b." is removed as a literal, leaving "a", "a", "bb"; "bb" does not match (no wildcard).
+  EXPECT_EQ(loaded->encode("ab.ab.bb"), (std::vector<int32_t>{0, 0, 1, 1}));
+}
+
 TEST(BadInputTest, MissingFiles) {
   TempDir dir;
   expect_error(dir.path, {dir.path.string(), "tokenizer.json", "tiktoken.model"});
