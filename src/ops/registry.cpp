@@ -29,8 +29,22 @@ std::string HeadsConstraint::describe() const {
   return parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, " | "));
 }
 
+bool cpu_has_isa(std::string_view isa) {
+  // __builtin_cpu_supports takes only string literals, hence the spelled-out names.
+  if (isa == "avx512bf16")
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  if (isa == "avx512")
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+  if (isa == "avx2")
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return false;
+}
+
 std::vector<std::string> Constraints::check(const OpShape& shape) const {
   std::vector<std::string> reasons;
+  if (!cpu_isa.empty() && !cpu_has_isa(cpu_isa)) reasons.push_back(fmt::format("this CPU lacks {}", cpu_isa));
   if (!weight_dtypes.empty() &&
       std::find(weight_dtypes.begin(), weight_dtypes.end(), shape.weight_dtype) == weight_dtypes.end()) {
     std::vector<std::string_view> names;
@@ -63,6 +77,7 @@ std::string Constraints::describe() const {
   if (max_head_dim > 0) parts.push_back(fmt::format("head_dim <= {}", max_head_dim));
   if (max_experts > 0) parts.push_back(fmt::format("experts <= {}", max_experts));
   if (max_top_k > 0) parts.push_back(fmt::format("top_k <= {}", max_top_k));
+  if (!cpu_isa.empty()) parts.push_back(fmt::format("cpu {}", cpu_isa));
   return parts.empty() ? "any" : fmt::format("{}", fmt::join(parts, "; "));
 }
 

@@ -46,11 +46,17 @@ struct Constraints {
   int64_t max_head_dim = 0;              // 0: any
   int64_t max_experts = 0;               // 0: any
   int64_t max_top_k = 0;                 // 0: any
+  // CPU instruction set the kernel needs ("avx512bf16", "avx512", "avx2"); checked against the
+  // running CPU, so one binary picks the best kernel on any x86-64 machine. Empty: none.
+  std::string cpu_isa;
 
   // Reasons the shape is not accepted; empty when it is.
   std::vector<std::string> check(const OpShape& shape) const;
   std::string describe() const;
 };
+
+// Whether the running CPU has an instruction set named in Constraints::cpu_isa.
+bool cpu_has_isa(std::string_view isa);
 
 struct KernelEntry {
   OpId op;

@@ -1,10 +1,96 @@
-// CPU backend registration. SIMD kernels (AVX-512 BF16 / AVX2, runtime feature dispatch) register
-// here; until an op has one, the cpu backend resolves it to the reference kernel as a declared
-// Fallback, which `moat doctor` shows.
+// CPU backend: SIMD kernels with runtime CPU-feature dispatch. Each kernel is registered with the
+// instruction set it needs (Constraints::cpu_isa), so resolution picks the best one the running
+// CPU has and `moat doctor` says why the others were skipped. Ops without a SIMD kernel here
+// (moe_route, the sampling renorms, sample_from_probs) resolve to the reference kernel as a
+// declared Fallback: they run once per token on [T, vocab] rows and are not on the critical path.
+#include "kernels/cpu/cpu_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "base/check.h"
+#include "base/thread_pool.h"
 #include "ops/registry.h"
+
+// The avx2 copy passes 64-byte vectors between inlined helpers; no ABI boundary is crossed.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+// Two copies of cpu_generic.inc: one per ISA, each compiled under its own target pragma.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
+#pragma GCC optimize("fp-contract=fast")
+namespace moat::ops {
+#define MOAT_CPU_NS cpu_avx512
+#include "kernels/cpu/cpu_generic.inc"
+#undef MOAT_CPU_NS
+}  // namespace moat::ops
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#pragma GCC optimize("fp-contract=fast")
+namespace moat::ops {
+#define MOAT_CPU_NS cpu_avx2
+#include "kernels/cpu/cpu_generic.inc"
+#undef MOAT_CPU_NS
+}  // namespace moat::ops
+#pragma GCC pop_options
 
 namespace moat::ops {
 
-void register_cpu_kernels(Registry& registry) {}
+void register_cpu_kernels(Registry& r) {
+  auto add = [&](OpId op, std::string name, void* fn, Constraints c, int priority) {
+    r.add(KernelEntry{op, Backend::cpu, std::move(name), fn, std::move(c), priority, {}});
+  };
+  // The production MLA decode kernels accept these heads per rank; the cpu kernel declares the
+  // same (its inner loop takes heads 4 at a time), so a 12-head rank resolves to PadHeads{12->16}
+  // here exactly as it would on a GPU.
+  const HeadsConstraint mla_heads{.one_of = {4, 8}, .multiple_of = 16};
+
+  struct Isa {
+    const char* isa;
+    const char* tag;
+    int priority;
+    EmbeddingFn embedding;
+    MatmulFn matmul;
+    RmsNormFn rms_norm;
+    RopeFn rope;
+    SiluMulFn silu_mul;
+    AddScaledFn add_scaled;
+    SoftmaxFn softmax;
+    ArgmaxFn argmax;
+    MlaAttentionFn mla;
+  };
+#define MOAT_ISA(ns, isa, prio)                                                                       \
+  Isa{isa, #ns, prio, &ns::embedding, &ns::matmul, &ns::rms_norm, &ns::rope, &ns::silu_mul, &ns::add_scaled, \
+      &ns::softmax, &ns::argmax, &ns::mla_attention}
+  for (const Isa& k : {MOAT_ISA(cpu_avx512, "avx512", 20), MOAT_ISA(cpu_avx2, "avx2", 10)}) {
+    auto name = [&](const char* op) { return fmt::format("cpu.{}_{}", op, k.isa); };
+    auto c = [&](Constraints base) {
+      base.cpu_isa = k.isa;
+      return base;
+    };
+    auto fn = [](auto f) { return reinterpret_cast<void*>(f); };
+    add(OpId::embedding, name("embedding"), fn(k.embedding),
+        c({.weight_dtypes = {DType::BF16, DType::F16, DType::F32}}), k.priority);
+    // fp32 FMAs on dequantized rows: the only cpu kernel for f32 weights, and the bf16/fp8 path
+    // on CPUs without avx512bf16.
+    add(OpId::matmul, name("matmul_f32fma"), fn(k.matmul),
+        c({.weight_dtypes = {DType::F32, DType::BF16, DType::F16, DType::F8_E4M3}}), k.priority);
+    add(OpId::rms_norm, name("rms_norm"), fn(k.rms_norm), c({}), k.priority);
+    add(OpId::rope, name("rope"), fn(k.rope), c({}), k.priority);
+    add(OpId::silu_mul, name("silu_mul"), fn(k.silu_mul), c({}), k.priority);
+    add(OpId::add_scaled, name("add_scaled"), fn(k.add_scaled), c({}), k.priority);
+    add(OpId::softmax, name("softmax"), fn(k.softmax), c({}), k.priority);
+    add(OpId::argmax, name("argmax"), fn(k.argmax), c({}), k.priority);
+    add(OpId::mla_attention, name("mla_attention"), fn(k.mla), c({.heads = mla_heads}), k.priority);
+  }
+#undef MOAT_ISA
+  // bf16 dot products: twice the fp32 FMA rate, and activations rounded to bf16 once per call.
+  add(OpId::matmul, "cpu.matmul_avx512bf16", reinterpret_cast<void*>(&cpu_avx512bf16::matmul),
+      Constraints{.weight_dtypes = {DType::BF16, DType::F16, DType::F8_E4M3}, .cpu_isa = "avx512bf16"}, 30);
+}
 
 }  // namespace moat::ops

@@ -1,0 +1,33 @@
+// CPU kernels by instruction set. register_cpu_kernels() (cpu_kernels.cpp) declares each with the
+// ISA it needs; tests and bench/ may call them directly.
+#pragma once
+
+#include "ops/kernel_types.h"
+
+namespace moat::ops {
+
+// AVX-512 BF16 matmul for bf16 / f16 / fp8-block weights (matmul_avx512bf16.cpp).
+namespace cpu_avx512bf16 {
+void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y);
+}
+
+// The portable-vector kernels (cpu_generic.inc), one copy per ISA.
+#define MOAT_CPU_GENERIC_DECLS                                                          \
+  void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y);              \
+  void embedding(const WeightMatrix& table, const int32_t* ids, int64_t T, float* out); \
+  void rms_norm(const float* x, const float* weight, int64_t T, int64_t dim, float eps, float* y); \
+  void rope(const RopeArgs& args);                                                       \
+  void silu_mul(const float* gate, const float* up, int64_t T, int64_t n, float* y);                   \
+  void add_scaled(float* y, const float* x, float alpha, int64_t n);                     \
+  void softmax(const float* x, int64_t T, int64_t n, float temperature, float* probs);   \
+  void argmax(const float* x, int64_t T, int64_t n, int32_t* out);                       \
+  void mla_attention(const MlaAttentionArgs& args);
+namespace cpu_avx512 {
+MOAT_CPU_GENERIC_DECLS
+}
+namespace cpu_avx2 {
+MOAT_CPU_GENERIC_DECLS
+}
+#undef MOAT_CPU_GENERIC_DECLS
+
+}  // namespace moat::ops
