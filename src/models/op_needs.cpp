@@ -13,7 +13,9 @@ Result<ops::ModelOpNeeds> model_op_needs(const ModelConfig& config, int64_t tp) 
                           : DType::BF16;
   // FP8 checkpoints keep embed_tokens, lm_head and the router in bf16.
   needs.matmul_dtypes = {dense};
-  if (config.quantization) needs.matmul_dtypes.push_back(DType::F8_E4M3);
+  // FP8 checkpoints also get fp32 copies of the per-head W_UK^T / W_UV (absorbed MLA), since fp8
+  // row slices of kv_b_proj would not start on a scale block.
+  if (config.quantization) needs.matmul_dtypes.insert(needs.matmul_dtypes.end(), {DType::F8_E4M3, DType::F32});
   needs.embedding_dtype = dense;
   needs.heads_per_rank = config.num_attention_heads / tp;
   needs.attention_head_dim = config.kv_cache_dim();

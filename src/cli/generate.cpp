@@ -1,0 +1,103 @@
+// moat generate: stream a completion of --prompt from a local checkpoint, then report prefill
+// and decode speed on stderr.
+#include <cstdio>
+#include <fmt/format.h>
+
+#include "base/log.h"
+#include "base/thread_pool.h"
+#include "cli/command.h"
+#include "engine/generator.h"
+#include "tokenizer/tokenizer.h"
+
+namespace moat::cli {
+namespace {
+
+struct GenerateArgs {
+  std::string model;
+  std::string prompt;
+  int64_t max_tokens = 64;
+  float temperature = 0.7f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  uint64_t seed = 0;
+  std::string backend = "cpu";
+  int threads = 0;
+  int64_t max_context = 4096;
+  bool no_bos = false;
+  bool ignore_eos = false;
+};
+
+int run_generate(const GenerateArgs& a) {
+  if (a.threads > 0) set_num_threads(a.threads);
+  const std::string dir = a.model.empty() ? default_model_dir() : a.model;
+  auto backend = ops::parse_backend(a.backend);
+  if (!backend) {
+    fmt::print(stderr, "error: {}\n", backend.error().message);
+    return 2;
+  }
+  auto tokenizer = Tokenizer::load(dir);
+  if (!tokenizer) {
+    fmt::print(stderr, "error: {}\n", tokenizer.error().message);
+    return 1;
+  }
+  auto model = DeepseekModel::load(dir, {.backend = *backend, .max_context = a.max_context});
+  if (!model) {
+    fmt::print(stderr, "error: {}\n", model.error().message);
+    return 1;
+  }
+  std::vector<int32_t> prompt;
+  if (!a.no_bos && tokenizer->bos_id()) prompt.push_back(*tokenizer->bos_id());
+  const auto body = tokenizer->encode(a.prompt);
+  prompt.insert(prompt.end(), body.begin(), body.end());
+
+  GenerationOptions options;
+  options.max_new_tokens = a.max_tokens;
+  options.sampling = {a.temperature, a.top_k, a.top_p, a.min_p, a.seed};
+  options.ignore_eos = a.ignore_eos;
+  if (tokenizer->eos_id()) options.stop_token_ids.push_back(*tokenizer->eos_id());
+  for (int64_t id : (*model)->config().eos_token_ids) options.stop_token_ids.push_back(static_cast<int32_t>(id));
+
+  fmt::print("{}", a.prompt);
+  std::fflush(stdout);
+  IncrementalDetokenizer detok(*tokenizer);
+  Generator generator(**model);
+  auto stats = generator.generate(prompt, options, [&](int32_t token) {
+    fmt::print("{}", detok.push(token));
+    std::fflush(stdout);
+    return true;
+  });
+  fmt::print("{}\n", detok.flush());
+  if (!stats) {
+    fmt::print(stderr, "error: {}\n", stats.error().message);
+    return 1;
+  }
+  fmt::print(stderr, "prompt {} tokens, prefill {:.1f} tok/s ({:.3f} s); generated {} tokens, decode {:.1f} tok/s; {} threads, {} backend\n",
+             stats->prompt_tokens, stats->prefill_tokens_per_second(), stats->prefill_seconds,
+             stats->generated_tokens, stats->decode_tokens_per_second(), thread_pool().num_threads(),
+             ops::backend_name(*backend));
+  return 0;
+}
+
+void setup(CLI::App& sub, int& exit_code) {
+  auto args = std::make_shared<GenerateArgs>();
+  sub.add_option("--model,-m", args->model, "model directory (config.json, safetensors, tokenizer); default models/k3-nano");
+  sub.add_option("--prompt,-p", args->prompt, "prompt text")->required();
+  sub.add_option("--max-tokens,-n", args->max_tokens, "tokens to generate")->check(CLI::NonNegativeNumber);
+  sub.add_option("--temperature", args->temperature, "0 = greedy");
+  sub.add_option("--top-k", args->top_k, "keep the k most likely tokens (0 = off)");
+  sub.add_option("--top-p", args->top_p, "nucleus sampling mass (1 = off)");
+  sub.add_option("--min-p", args->min_p, "drop tokens below min_p * max prob (0 = off)");
+  sub.add_option("--seed", args->seed, "sampling seed");
+  sub.add_option("--backend", args->backend, "cpu | reference");
+  sub.add_option("--threads,-t", args->threads, "threads (default: all cores)");
+  sub.add_option("--max-context", args->max_context, "context length to allocate");
+  sub.add_flag("--no-bos", args->no_bos, "do not prepend the BOS token");
+  sub.add_flag("--ignore-eos", args->ignore_eos, "keep generating past end-of-sequence");
+  sub.callback([args, &exit_code] { exit_code = run_generate(*args); });
+}
+
+CommandRegistrar registrar("generate", "Generate text from a prompt with a local model", setup);
+
+}  // namespace
+}  // namespace moat::cli

@@ -1,0 +1,341 @@
+#include "models/deepseek_v3.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "base/log.h"
+#include "loader/weight_map.h"
+#include "models/op_needs.h"
+
+namespace moat {
+
+namespace {
+
+std::string layer_prefix(int64_t i) { return fmt::format("model.layers.{}.", i); }
+
+}  // namespace
+
+Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::filesystem::path& dir,
+                                                           const Options& options) {
+  std::unique_ptr<DeepseekModel> model(new DeepseekModel());
+  model->options_ = options;
+  MOAT_ASSIGN_OR_RETURN(model->config_, load_model_config(dir));
+  MOAT_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(dir));
+  model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
+  MOAT_TRY(validate_checkpoint(*model->checkpoint_, model->config_));
+  MOAT_ASSIGN_OR_RETURN(ops::ModelOpNeeds needs, model_op_needs(model->config_, 1));
+  MOAT_ASSIGN_OR_RETURN(model->ops_, ops::OpTable::resolve(options.backend, needs));
+  if (options.max_context <= 0) return make_error("max context must be > 0, got {}", options.max_context);
+  model->rope_ = build_rope_table(model->config_, options.max_context);
+  model->softmax_scale_ = static_cast<float>(model->config_.softmax_scale());
+  MOAT_TRY(model->load_weights());
+  return model;
+}
+
+Status DeepseekModel::load_weights() {
+  const ModelConfig& c = config_;
+  const Checkpoint& ck = *checkpoint_;
+  const int64_t H = c.hidden_size, heads = c.num_attention_heads;
+  const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, vdim = c.v_head_dim;
+  const int64_t kv_lora = c.kv_lora_rank;
+
+  MOAT_ASSIGN_OR_RETURN(embed_tokens_, get_matrix(ck, "model.embed_tokens.weight", c.vocab_size, H, c));
+  if (c.tie_word_embeddings) {
+    lm_head_ = embed_tokens_;
+  } else {
+    MOAT_ASSIGN_OR_RETURN(lm_head_, get_matrix(ck, "lm_head.weight", c.vocab_size, H, c));
+  }
+  MOAT_ASSIGN_OR_RETURN(final_norm_, get_vector_f32(ck, "model.norm.weight", H));
+
+  auto load_mlp = [&](const std::string& prefix, int64_t inter) -> Result<MlpWeights> {
+    MlpWeights m;
+    MOAT_ASSIGN_OR_RETURN(m.gate_proj, get_matrix(ck, prefix + "gate_proj.weight", inter, H, c));
+    MOAT_ASSIGN_OR_RETURN(m.up_proj, get_matrix(ck, prefix + "up_proj.weight", inter, H, c));
+    MOAT_ASSIGN_OR_RETURN(m.down_proj, get_matrix(ck, prefix + "down_proj.weight", H, inter, c));
+    return m;
+  };
+
+  layers_.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    LayerWeights& L = layers_[i];
+    const std::string p = layer_prefix(i);
+    MOAT_ASSIGN_OR_RETURN(L.input_layernorm, get_vector_f32(ck, p + "input_layernorm.weight", H));
+    MOAT_ASSIGN_OR_RETURN(L.post_attention_layernorm, get_vector_f32(ck, p + "post_attention_layernorm.weight", H));
+    MlaWeights& A = L.attn;
+    const std::string a = p + "self_attn.";
+    if (c.q_lora_rank) {
+      MOAT_ASSIGN_OR_RETURN(A.q_a_proj, get_matrix(ck, a + "q_a_proj.weight", *c.q_lora_rank, H, c));
+      MOAT_ASSIGN_OR_RETURN(A.q_a_layernorm, get_vector_f32(ck, a + "q_a_layernorm.weight", *c.q_lora_rank));
+      MOAT_ASSIGN_OR_RETURN(A.q_b_proj, get_matrix(ck, a + "q_b_proj.weight", heads * (nope + rope), *c.q_lora_rank, c));
+    } else {
+      MOAT_ASSIGN_OR_RETURN(A.q_proj, get_matrix(ck, a + "q_proj.weight", heads * (nope + rope), H, c));
+    }
+    MOAT_ASSIGN_OR_RETURN(A.kv_a_proj_with_mqa, get_matrix(ck, a + "kv_a_proj_with_mqa.weight", kv_lora + rope, H, c));
+    MOAT_ASSIGN_OR_RETURN(A.kv_a_layernorm, get_vector_f32(ck, a + "kv_a_layernorm.weight", kv_lora));
+    MOAT_ASSIGN_OR_RETURN(A.kv_b_proj, get_matrix(ck, a + "kv_b_proj.weight", heads * (nope + vdim), kv_lora, c));
+    MOAT_ASSIGN_OR_RETURN(A.o_proj, get_matrix(ck, a + "o_proj.weight", H, heads * vdim, c));
+
+    // W_UK^T per head: [kv_lora, nope]. Exact in bf16 when kv_b is bf16.
+    const bool keep_bf16 = A.kv_b_proj.dtype == DType::BF16;
+    const size_t n = static_cast<size_t>(heads * kv_lora * nope);
+    if (keep_bf16) A.w_uk_t_bf16.resize(n); else A.w_uk_t_f32.resize(n);
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t r = 0; r < nope; ++r)
+        for (int64_t col = 0; col < kv_lora; ++col) {
+          const float v = A.kv_b_proj.at(h * (nope + vdim) + r, col);
+          const size_t dst = static_cast<size_t>((h * kv_lora + col) * nope + r);
+          if (keep_bf16) A.w_uk_t_bf16[dst] = f32_to_bf16(v); else A.w_uk_t_f32[dst] = v;
+        }
+    }
+    if (A.kv_b_proj.dtype == DType::F8_E4M3) {
+      A.w_uv_f32.resize(static_cast<size_t>(heads * vdim * kv_lora));
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t r = 0; r < vdim; ++r)
+          for (int64_t col = 0; col < kv_lora; ++col)
+            A.w_uv_f32[(h * vdim + r) * kv_lora + col] = A.kv_b_proj.at(h * (nope + vdim) + nope + r, col);
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      WeightMatrix w;
+      w.dtype = keep_bf16 ? DType::BF16 : DType::F32;
+      w.data = keep_bf16 ? static_cast<const void*>(A.w_uk_t_bf16.data() + h * kv_lora * nope)
+                         : static_cast<const void*>(A.w_uk_t_f32.data() + h * kv_lora * nope);
+      w.out_features = kv_lora;
+      w.in_features = nope;
+      A.w_uk_t.push_back(w);
+      // W_UV of head h: rows of kv_b_proj [v, kv_lora]. fp8 row slices would have to start on a
+      // scale block, which they generally don't, so fp8 checkpoints get a dequantized copy.
+      const int64_t row0 = h * (nope + vdim) + nope;
+      if (A.kv_b_proj.dtype == DType::F8_E4M3) {
+        WeightMatrix uv;
+        uv.dtype = DType::F32;
+        uv.data = A.w_uv_f32.data() + h * vdim * kv_lora;
+        uv.out_features = vdim;
+        uv.in_features = kv_lora;
+        A.w_uv.push_back(uv);
+      } else {
+        A.w_uv.push_back(A.kv_b_proj.rows(row0, vdim));
+      }
+    }
+
+    if (c.is_moe_layer(i)) {
+      MoeWeights moe;
+      MOAT_ASSIGN_OR_RETURN(moe.gate, get_matrix(ck, p + "mlp.gate.weight", c.n_routed_experts, H, c));
+      if (c.topk_method == "noaux_tc") {
+        MOAT_ASSIGN_OR_RETURN(moe.score_bias, get_vector_f32(ck, p + "mlp.gate.e_score_correction_bias", c.n_routed_experts));
+      }
+      moe.experts.reserve(static_cast<size_t>(c.n_routed_experts));
+      for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+        MOAT_ASSIGN_OR_RETURN(MlpWeights expert, load_mlp(fmt::format("{}mlp.experts.{}.", p, e), c.moe_intermediate_size));
+        moe.experts.push_back(expert);
+      }
+      if (c.n_shared_experts > 0) {
+        MOAT_ASSIGN_OR_RETURN(moe.shared, load_mlp(p + "mlp.shared_experts.", c.n_shared_experts * c.moe_intermediate_size));
+      }
+      L.moe = std::move(moe);
+    } else {
+      MOAT_ASSIGN_OR_RETURN(L.dense_mlp, load_mlp(p + "mlp.", c.intermediate_size));
+    }
+  }
+  return ok_status();
+}
+
+void DeepseekModel::reserve(int64_t T) {
+  if (T <= reserved_tokens_) return;
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, heads = c.num_attention_heads;
+  const int64_t qk = c.qk_head_dim(), D = c.kv_cache_dim();
+  const int64_t inter = std::max({c.intermediate_size, c.moe_intermediate_size * std::max<int64_t>(1, c.n_shared_experts),
+                                  c.moe_intermediate_size});
+  auto grow = [](Buffer& b, int64_t n) { b.resize(static_cast<size_t>(n)); };
+  grow(x_, T * H);
+  grow(h_, T * H);
+  grow(tmp_, T * H);
+  grow(q_, T * heads * qk);
+  grow(q_lora_, T * c.q_lora_rank.value_or(1));
+  grow(kv_, T * D);
+  grow(q_full_, T * heads * D);
+  grow(attn_latent_, T * heads * c.kv_lora_rank);
+  grow(attn_v_, T * heads * c.v_head_dim);
+  grow(head_in_, T * std::max(c.kv_lora_rank, c.qk_nope_head_dim));
+  grow(head_out_, T * std::max(c.kv_lora_rank, c.v_head_dim));
+  grow(mlp_gate_, T * inter);
+  grow(mlp_up_, T * inter);
+  grow(moe_out_, T * H);
+  grow(expert_in_, T * H);
+  grow(expert_out_, T * H);
+  grow(router_logits_, T * std::max<int64_t>(1, c.n_routed_experts));
+  grow(logits_in_, T * H);
+  topk_ids_.resize(static_cast<size_t>(T * std::max<int64_t>(1, c.num_experts_per_tok)));
+  topk_weights_.resize(topk_ids_.size());
+  kv_ptrs_.resize(static_cast<size_t>(T));
+  kv_lens_.resize(static_cast<size_t>(T));
+  reserved_tokens_ = T;
+}
+
+void DeepseekModel::forward(const ForwardBatch& batch, float* logits, const LayerHook& on_layer_output) {
+  const ModelConfig& c = config_;
+  const int64_t T = static_cast<int64_t>(batch.tokens.size());
+  MOAT_CHECK(batch.positions.size() == batch.tokens.size() && batch.caches.size() == batch.tokens.size(),
+             "batch arrays disagree in length");
+  for (int32_t pos : batch.positions)
+    MOAT_CHECK(pos >= 0 && pos < options_.max_context, "position {} outside max context {}", pos,
+               options_.max_context);
+  reserve(T);
+  const int64_t H = c.hidden_size;
+  float* x = x_.data();  // residual stream [T, hidden]
+  float* h = h_.data();  // normed input of the current sublayer [T, hidden]
+  ops_.embedding(embed_tokens_, batch.tokens.data(), T, x);
+
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const LayerWeights& L = layers_[i];
+    ops_.rms_norm(x, L.input_layernorm.data(), T, H, static_cast<float>(c.rms_norm_eps), h);
+    attention(L, i, batch, h, tmp_.data());
+    ops_.add_scaled(x, tmp_.data(), 1.0f, T * H);
+    ops_.rms_norm(x, L.post_attention_layernorm.data(), T, H, static_cast<float>(c.rms_norm_eps), h);
+    if (L.moe) {
+      moe(*L.moe, h, T, tmp_.data());
+    } else {
+      mlp(*L.dense_mlp, h, T, tmp_.data());
+    }
+    ops_.add_scaled(x, tmp_.data(), 1.0f, T * H);
+    if (on_layer_output) on_layer_output(i, x, T);
+  }
+
+  // Only the rows that need logits go through the final norm and lm_head.
+  const int64_t R = static_cast<int64_t>(batch.logit_rows.size());
+  for (int64_t r = 0; r < R; ++r) {
+    const int32_t row = batch.logit_rows[r];
+    MOAT_CHECK(row >= 0 && row < T, "logit row {} outside batch of {}", row, T);
+    std::memcpy(logits_in_.data() + r * H, x + row * H, sizeof(float) * H);
+  }
+  ops_.rms_norm(logits_in_.data(), final_norm_.data(), R, H, static_cast<float>(c.rms_norm_eps), logits_in_.data());
+  ops_.matmul(logits_in_.data(), R, lm_head_, logits);
+}
+
+void DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, const ForwardBatch& batch,
+                              const float* x, float* out) {
+  const ModelConfig& c = config_;
+  const MlaWeights& A = layer.attn;
+  const int64_t T = static_cast<int64_t>(batch.tokens.size());
+  const int64_t heads = c.num_attention_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim;
+  const int64_t qk = nope + rope, kv_lora = c.kv_lora_rank, D = kv_lora + rope, vdim = c.v_head_dim;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+
+  // q: [T, heads, nope + rope]
+  float* q = q_.data();
+  if (A.q_a_proj) {
+    const int64_t ql = *c.q_lora_rank;
+    ops_.matmul(x, T, *A.q_a_proj, q_lora_.data());                    // [T, q_lora]
+    ops_.rms_norm(q_lora_.data(), A.q_a_layernorm.data(), T, ql, eps, q_lora_.data());
+    ops_.matmul(q_lora_.data(), T, *A.q_b_proj, q);
+  } else {
+    ops_.matmul(x, T, *A.q_proj, q);
+  }
+  // kv: [T, kv_lora + rope] -> the cache rows of this layer: normed latent, roped k_pe
+  float* kv = kv_.data();
+  ops_.matmul(x, T, A.kv_a_proj_with_mqa, kv);
+  ops_.rope({kv + kv_lora, T, 1, D, D, rope, batch.positions.data(), rope_.cos.data(), rope_.sin.data()});
+  ops_.rope({q + nope, T, heads, heads * qk, qk, rope, batch.positions.data(), rope_.cos.data(), rope_.sin.data()});
+  for (int64_t t = 0; t < T; ++t) {
+    float* row = batch.caches[t]->row(layer_index, batch.positions[t]);
+    ops_.rms_norm(kv + t * D, A.kv_a_layernorm.data(), 1, kv_lora, eps, row);
+    std::memcpy(row + kv_lora, kv + t * D + kv_lora, sizeof(float) * rope);
+    kv_ptrs_[t] = batch.caches[t]->layer(layer_index);
+    kv_lens_[t] = batch.positions[t] + 1;
+  }
+
+  // Absorb W_UK: q_full[t, h] = [q_nope[t, h] . W_UK_h (kv_lora) | q_pe[t, h] (rope)]
+  float* q_full = q_full_.data();
+  for (int64_t hd = 0; hd < heads; ++hd) {
+    for (int64_t t = 0; t < T; ++t)
+      std::memcpy(head_in_.data() + t * nope, q + (t * heads + hd) * qk, sizeof(float) * nope);
+    ops_.matmul(head_in_.data(), T, A.w_uk_t[hd], head_out_.data());  // [T, kv_lora]
+    for (int64_t t = 0; t < T; ++t) {
+      float* dst = q_full + (t * heads + hd) * D;
+      std::memcpy(dst, head_out_.data() + t * kv_lora, sizeof(float) * kv_lora);
+      std::memcpy(dst + kv_lora, q + (t * heads + hd) * qk + nope, sizeof(float) * rope);
+    }
+  }
+
+  ops::MlaAttentionArgs args{q_full, T, heads, kv_lora, rope, kv_ptrs_.data(), kv_lens_.data(),
+                             softmax_scale_, attn_latent_.data()};
+  ops_.mla_attention(args);  // [T, heads, kv_lora]
+
+  // Expand through W_UV per head: attn_v[t, h] = latent[t, h] . W_UV_h^T (v values)
+  for (int64_t hd = 0; hd < heads; ++hd) {
+    for (int64_t t = 0; t < T; ++t)
+      std::memcpy(head_in_.data() + t * kv_lora, attn_latent_.data() + (t * heads + hd) * kv_lora,
+                  sizeof(float) * kv_lora);
+    ops_.matmul(head_in_.data(), T, A.w_uv[hd], head_out_.data());  // [T, v]
+    for (int64_t t = 0; t < T; ++t)
+      std::memcpy(attn_v_.data() + (t * heads + hd) * vdim, head_out_.data() + t * vdim, sizeof(float) * vdim);
+  }
+  ops_.matmul(attn_v_.data(), T, A.o_proj, out);  // [T, hidden]
+}
+
+void DeepseekModel::mlp(const MlpWeights& w, const float* x, int64_t T, float* out) {
+  const int64_t n = w.gate_proj.out_features;
+  ops_.matmul(x, T, w.gate_proj, mlp_gate_.data());  // [T, n]
+  ops_.matmul(x, T, w.up_proj, mlp_up_.data());      // [T, n]
+  ops_.silu_mul(mlp_gate_.data(), mlp_up_.data(), T, n, mlp_gate_.data());
+  ops_.matmul(mlp_gate_.data(), T, w.down_proj, out);  // [T, hidden]
+}
+
+void DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t T, float* out) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
+  ops_.matmul(x, T, w.gate, router_logits_.data());  // [T, E] router logits in fp32
+  ops::MoeRouteArgs route{router_logits_.data(),
+                          w.score_bias.empty() ? nullptr : w.score_bias.data(),
+                          T, E, K, c.n_group, c.topk_group,
+                          c.scoring_func == "sigmoid",
+                          c.topk_method == "noaux_tc" || c.topk_method == "group_limited_greedy",
+                          c.topk_method == "noaux_tc",
+                          c.norm_topk_prob,
+                          static_cast<float>(c.routed_scaling_factor),
+                          topk_ids_.data(), topk_weights_.data()};
+  ops_.moe_route(route);
+
+  // Shared experts see every token, unscaled.
+  if (w.shared) {
+    mlp(*w.shared, x, T, out);
+  } else {
+    std::fill(out, out + T * H, 0.0f);
+  }
+  // Group tokens by expert so each expert's weights stream from memory once per step.
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t n = 0;
+    thread_local std::vector<std::pair<int64_t, float>> routed;
+    routed.clear();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t k = 0; k < K; ++k)
+        if (topk_ids_[t * K + k] == e) routed.emplace_back(t, topk_weights_[t * K + k]);
+    if (routed.empty()) continue;
+    for (const auto& [t, weight] : routed) std::memcpy(expert_in_.data() + (n++) * H, x + t * H, sizeof(float) * H);
+    mlp(w.experts[e], expert_in_.data(), n, expert_out_.data());
+    for (int64_t r = 0; r < n; ++r)
+      ops_.add_scaled(out + routed[r].first * H, expert_out_.data() + r * H, routed[r].second, H);
+  }
+}
+
+int64_t DeepseekModel::active_weight_bytes_per_token() const {
+  int64_t bytes = embed_tokens_.in_features * static_cast<int64_t>(dtype_size(embed_tokens_.dtype)) + lm_head_.bytes();
+  for (const LayerWeights& L : layers_) {
+    const MlaWeights& A = L.attn;
+    for (const auto* m : {A.q_a_proj ? &*A.q_a_proj : nullptr, A.q_b_proj ? &*A.q_b_proj : nullptr,
+                          A.q_proj ? &*A.q_proj : nullptr, &A.kv_a_proj_with_mqa, &A.o_proj})
+      if (m) bytes += m->bytes();
+    for (const auto& m : A.w_uk_t) bytes += m.bytes();
+    for (const auto& m : A.w_uv) bytes += m.bytes();
+    auto mlp_bytes = [](const MlpWeights& m) { return m.gate_proj.bytes() + m.up_proj.bytes() + m.down_proj.bytes(); };
+    if (L.dense_mlp) bytes += mlp_bytes(*L.dense_mlp);
+    if (L.moe) {
+      bytes += L.moe->gate.bytes();
+      if (L.moe->shared) bytes += mlp_bytes(*L.moe->shared);
+      if (!L.moe->experts.empty()) bytes += config_.num_experts_per_tok * mlp_bytes(L.moe->experts.front());
+    }
+  }
+  return bytes;
+}
+
+}  // namespace moat

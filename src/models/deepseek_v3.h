@@ -1,0 +1,123 @@
+// DeepSeek-V3 architecture (also DeepSeek-V2/V2-Lite and Kimi K2): MLA attention with the absorbed
+// decode form over a latent cache, dense MLP for the first layers, MoE with group-limited routing
+// and shared experts. Weights stay in the mmapped checkpoint; activations live in a Workspace
+// that grows with the largest batch and is then reused (no allocation in the token loop).
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "base/tensor.h"
+#include "base/weight.h"
+#include "config/model_config.h"
+#include "kv/latent_cache.h"
+#include "loader/checkpoint.h"
+#include "models/rope.h"
+#include "ops/dispatch.h"
+
+namespace moat {
+
+struct MlaWeights {
+  std::optional<WeightMatrix> q_a_proj;  // [q_lora, hidden] when q_lora_rank is set
+  std::vector<float> q_a_layernorm;      // [q_lora]
+  std::optional<WeightMatrix> q_b_proj;  // [heads * (nope + rope), q_lora]
+  std::optional<WeightMatrix> q_proj;    // [heads * (nope + rope), hidden] when q_lora_rank is null
+  WeightMatrix kv_a_proj_with_mqa;       // [kv_lora + rope, hidden]
+  std::vector<float> kv_a_layernorm;     // [kv_lora]
+  WeightMatrix kv_b_proj;                // [heads * (nope + v), kv_lora]: per head W_UK then W_UV
+  WeightMatrix o_proj;                   // [hidden, heads * v]
+  // W_UK transposed per head, so absorbing q_nope into latent space is a plain matmul:
+  // [heads][kv_lora, nope]. The one weight moat copies (bf16 when kv_b is bf16: exact).
+  std::vector<uint16_t> w_uk_t_bf16;
+  std::vector<float> w_uk_t_f32;
+  std::vector<WeightMatrix> w_uk_t;      // [heads] views of the above
+  std::vector<float> w_uv_f32;           // fp8 checkpoints only: dequantized [heads][v, kv_lora]
+  std::vector<WeightMatrix> w_uv;        // [heads] [v, kv_lora]: row slices of kv_b_proj
+};
+
+struct MlpWeights {  // one expert or a dense MLP
+  WeightMatrix gate_proj, up_proj;  // [inter, hidden]
+  WeightMatrix down_proj;           // [hidden, inter]
+};
+
+struct MoeWeights {
+  WeightMatrix gate;                     // router [n_routed, hidden]
+  std::vector<float> score_bias;         // e_score_correction_bias [n_routed] (noaux_tc)
+  std::vector<MlpWeights> experts;       // [n_routed]
+  std::optional<MlpWeights> shared;      // width n_shared * moe_intermediate
+};
+
+struct LayerWeights {
+  std::vector<float> input_layernorm, post_attention_layernorm;  // [hidden]
+  MlaWeights attn;
+  std::optional<MlpWeights> dense_mlp;
+  std::optional<MoeWeights> moe;
+};
+
+// One step's tokens, from any number of sequences (prefill chunks and decode tokens mixed).
+struct ForwardBatch {
+  std::vector<int32_t> tokens;        // [T]
+  std::vector<int32_t> positions;     // [T]
+  std::vector<LatentCache*> caches;   // [T] the cache of the sequence each token belongs to
+  std::vector<int32_t> logit_rows;    // which of the T tokens need logits (e.g. each sequence's last)
+};
+
+class DeepseekModel {
+ public:
+  struct Options {
+    ops::Backend backend = ops::Backend::cpu;
+    int64_t max_context = 4096;  // RoPE table length; prompts + outputs must fit
+  };
+
+  static Result<std::unique_ptr<DeepseekModel>> load(const std::filesystem::path& dir, const Options& options);
+
+  const ModelConfig& config() const { return config_; }
+  const ops::OpTable& ops() const { return ops_; }
+  int64_t max_context() const { return options_.max_context; }
+  // Bytes of weights one decode token streams (active experts only), for rooflines.
+  int64_t active_weight_bytes_per_token() const;
+  const Checkpoint& checkpoint() const { return *checkpoint_; }
+
+  std::unique_ptr<LatentCache> new_cache(int64_t capacity) const {
+    return std::make_unique<LatentCache>(config_.num_hidden_layers, capacity, config_.kv_cache_dim());
+  }
+
+  // logits: [batch.logit_rows.size(), vocab]. on_layer_output, when set, sees the residual stream
+  // [T, hidden] after each decoder layer (golden tests compare it with the reference).
+  using LayerHook = std::function<void(int64_t layer, const float* hidden, int64_t T)>;
+  void forward(const ForwardBatch& batch, float* logits, const LayerHook& on_layer_output = nullptr);
+
+ private:
+  DeepseekModel() = default;
+  Status load_weights();
+  void attention(const LayerWeights& layer, int64_t layer_index, const ForwardBatch& batch,
+                 const float* x, float* out);
+  void mlp(const MlpWeights& w, const float* x, int64_t T, float* out);
+  void moe(const MoeWeights& w, const float* x, int64_t T, float* out);
+  void reserve(int64_t T);
+
+  Options options_;
+  ModelConfig config_;
+  std::unique_ptr<Checkpoint> checkpoint_;
+  ops::OpTable ops_;
+  RopeTable rope_;
+  float softmax_scale_ = 1.0f;
+  WeightMatrix embed_tokens_, lm_head_;
+  std::vector<float> final_norm_;
+  std::vector<LayerWeights> layers_;
+
+  // Workspace, grown by reserve(T) and reused across steps.
+  int64_t reserved_tokens_ = 0;
+  Buffer x_, h_, tmp_, q_, q_lora_, kv_, q_full_, attn_latent_, attn_v_, head_in_, head_out_;
+  Buffer mlp_gate_, mlp_up_, moe_out_, expert_in_, expert_out_, router_logits_;
+  Buffer logits_in_;
+  std::vector<int32_t> topk_ids_;
+  std::vector<float> topk_weights_;
+  std::vector<const float*> kv_ptrs_;
+  std::vector<int32_t> kv_lens_;
+};
+
+}  // namespace moat

@@ -1,0 +1,148 @@
+// Compares moat's forward pass with the PyTorch reference (tools/reference_model.py) through the
+// committed fixtures in tests/golden/. Tolerance (tests/golden/README.md): the argmax is identical
+// at every position, and max |moat - ref| <= 1e-3 * max |ref| for the logits and for each stored
+// hidden state. Checked for a full prefill, and for a prefill of half the tokens followed by
+// one-token decode steps over the latent cache (the absorbed path the server runs).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+
+#include "loader/safetensors.h"
+#include "models/deepseek_v3.h"
+
+namespace moat {
+namespace {
+
+constexpr double kRelTolerance = 1e-3;
+const std::filesystem::path kRoot = MOAT_SOURCE_DIR;
+
+struct Golden {
+  std::vector<int32_t> ids;
+  std::vector<float> logits;                       // [T, vocab]
+  std::map<int64_t, std::vector<float>> hidden;    // layer -> [T, hidden]
+};
+
+Golden read_golden(const std::filesystem::path& file) {
+  auto st = SafetensorsFile::open(file);
+  EXPECT_TRUE(st.ok()) << (st.ok() ? "" : st.error().message);
+  Golden g;
+  for (const TensorInfo& t : (*st)->tensors()) {
+    if (t.name == "input_ids") {
+      g.ids.assign(reinterpret_cast<const int32_t*>(t.data), reinterpret_cast<const int32_t*>(t.data) + t.numel());
+    } else if (t.name == "logits") {
+      g.logits.assign(reinterpret_cast<const float*>(t.data), reinterpret_cast<const float*>(t.data) + t.numel());
+    } else if (t.name.rfind("hidden.layer", 0) == 0) {
+      g.hidden[std::stoll(t.name.substr(12))].assign(reinterpret_cast<const float*>(t.data),
+                                                     reinterpret_cast<const float*>(t.data) + t.numel());
+    }
+  }
+  return g;
+}
+
+double max_abs(const float* v, size_t n) {
+  double m = 0.0;
+  for (size_t i = 0; i < n; ++i) m = std::max(m, static_cast<double>(std::fabs(v[i])));
+  return m;
+}
+
+// Relative error of got vs ref over n values: max |got - ref| / max |ref|.
+double rel_error(const float* got, const float* ref, size_t n) {
+  double m = 0.0;
+  for (size_t i = 0; i < n; ++i) m = std::max(m, static_cast<double>(std::fabs(got[i] - ref[i])));
+  return m / std::max(max_abs(ref, n), 1e-30);
+}
+
+void expect_logits_match(const float* got, const float* ref, int64_t vocab, const std::string& where) {
+  EXPECT_LE(rel_error(got, ref, static_cast<size_t>(vocab)), kRelTolerance) << where;
+  const auto top_got = std::max_element(got, got + vocab) - got;
+  const auto top_ref = std::max_element(ref, ref + vocab) - ref;
+  EXPECT_EQ(top_got, top_ref) << where << ": top-1 differs";
+}
+
+class GoldenTest : public ::testing::TestWithParam<std::tuple<std::string, ops::Backend>> {};
+
+std::filesystem::path model_dir_for(const std::string& name) {
+  if (name == "k3_nano") return kRoot / "models/k3-nano";
+  if (name == "k3_nano_draft") return kRoot / "models/k3-nano-draft";
+  return kRoot / "tests/golden" / name;
+}
+
+TEST_P(GoldenTest, PrefillMatchesReference) {
+  const auto& [name, backend] = GetParam();
+  const auto golden_file = kRoot / "tests/golden" / name / "golden.safetensors";
+  if (!std::filesystem::exists(golden_file) || !std::filesystem::exists(model_dir_for(name) / "config.json"))
+    GTEST_SKIP() << "no fixture for " << name;
+  Golden g = read_golden(golden_file);
+  auto model = DeepseekModel::load(model_dir_for(name), {.backend = backend, .max_context = 256});
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  DeepseekModel& m = **model;
+  const int64_t T = static_cast<int64_t>(g.ids.size()), V = m.config().vocab_size, H = m.config().hidden_size;
+  ASSERT_EQ(static_cast<int64_t>(g.logits.size()), T * V);
+
+  auto cache = m.new_cache(T);
+  ForwardBatch batch;
+  batch.tokens = g.ids;
+  for (int64_t t = 0; t < T; ++t) {
+    batch.positions.push_back(static_cast<int32_t>(t));
+    batch.caches.push_back(cache.get());
+    batch.logit_rows.push_back(static_cast<int32_t>(t));
+  }
+  std::vector<float> logits(static_cast<size_t>(T * V));
+  std::map<int64_t, std::vector<float>> hidden;
+  m.forward(batch, logits.data(), [&](int64_t layer, const float* x, int64_t n) {
+    hidden[layer].assign(x, x + n * H);
+  });
+  for (const auto& [layer, ref] : g.hidden) {
+    ASSERT_EQ(hidden[layer].size(), ref.size());
+    EXPECT_LE(rel_error(hidden[layer].data(), ref.data(), ref.size()), kRelTolerance) << "hidden after layer " << layer;
+  }
+  for (int64_t t = 0; t < T; ++t)
+    expect_logits_match(&logits[t * V], &g.logits[t * V], V, "position " + std::to_string(t));
+}
+
+TEST_P(GoldenTest, DecodeOverLatentCacheMatchesReference) {
+  const auto& [name, backend] = GetParam();
+  const auto golden_file = kRoot / "tests/golden" / name / "golden.safetensors";
+  if (!std::filesystem::exists(golden_file) || !std::filesystem::exists(model_dir_for(name) / "config.json"))
+    GTEST_SKIP() << "no fixture for " << name;
+  Golden g = read_golden(golden_file);
+  auto model = DeepseekModel::load(model_dir_for(name), {.backend = backend, .max_context = 256});
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  DeepseekModel& m = **model;
+  const int64_t T = static_cast<int64_t>(g.ids.size()), V = m.config().vocab_size;
+  auto cache = m.new_cache(T);
+  const int64_t prefill = T / 2;
+  std::vector<float> logits(static_cast<size_t>(V));
+  ForwardBatch first;
+  for (int64_t t = 0; t < prefill; ++t) {
+    first.tokens.push_back(g.ids[t]);
+    first.positions.push_back(static_cast<int32_t>(t));
+    first.caches.push_back(cache.get());
+  }
+  first.logit_rows = {static_cast<int32_t>(prefill - 1)};
+  m.forward(first, logits.data());
+  expect_logits_match(logits.data(), &g.logits[(prefill - 1) * V], V, "prefill last");
+  for (int64_t t = prefill; t < T; ++t) {
+    ForwardBatch step;
+    step.tokens = {g.ids[t]};
+    step.positions = {static_cast<int32_t>(t)};
+    step.caches = {cache.get()};
+    step.logit_rows = {0};
+    m.forward(step, logits.data());
+    expect_logits_match(logits.data(), &g.logits[t * V], V, "decode position " + std::to_string(t));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, GoldenTest,
+    ::testing::Combine(::testing::Values("tiny_qlora", "tiny_v2lite", "tiny_fp8", "k3_nano", "k3_nano_draft"),
+                       ::testing::Values(ops::Backend::reference, ops::Backend::cpu)),
+    [](const auto& info) {
+      return std::get<0>(info.param) + "_" + std::string(ops::backend_name(std::get<1>(info.param)));
+    });
+
+}  // namespace
+}  // namespace moat
