@@ -1,5 +1,7 @@
 // moat generate: stream a completion of --prompt from a local checkpoint, then report prefill
 // and decode speed on stderr.
+#include <sys/resource.h>
+
 #include <cstdio>
 #include <fmt/format.h>
 
@@ -72,10 +74,14 @@ int run_generate(const GenerateArgs& a) {
     fmt::print(stderr, "error: {}\n", stats.error().message);
     return 1;
   }
-  fmt::print(stderr, "prompt {} tokens, prefill {:.1f} tok/s ({:.3f} s); generated {} tokens, decode {:.1f} tok/s; {} threads, {} backend\n",
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  fmt::print(stderr,
+             "prompt {} tokens, prefill {:.1f} tok/s ({:.3f} s); generated {} tokens, decode {:.2f} tok/s; "
+             "{} threads, {} backend, peak RSS {:.1f} MiB\n",
              stats->prompt_tokens, stats->prefill_tokens_per_second(), stats->prefill_seconds,
              stats->generated_tokens, stats->decode_tokens_per_second(), thread_pool().num_threads(),
-             ops::backend_name(*backend));
+             ops::backend_name(*backend), usage.ru_maxrss / 1024.0);
   return 0;
 }
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "base/log.h"
+#include "base/thread_pool.h"
 #include "loader/weight_map.h"
 #include "models/op_needs.h"
 
@@ -156,8 +157,8 @@ void DeepseekModel::reserve(int64_t T) {
   grow(q_full_, T * heads * D);
   grow(attn_latent_, T * heads * c.kv_lora_rank);
   grow(attn_v_, T * heads * c.v_head_dim);
-  grow(head_in_, T * std::max(c.kv_lora_rank, c.qk_nope_head_dim));
-  grow(head_out_, T * std::max(c.kv_lora_rank, c.v_head_dim));
+  grow(head_in_, heads * T * std::max(c.kv_lora_rank, c.qk_nope_head_dim));
+  grow(head_out_, heads * T * std::max(c.kv_lora_rank, c.v_head_dim));
   grow(mlp_gate_, T * inter);
   grow(mlp_up_, T * inter);
   grow(moe_out_, T * H);
@@ -244,32 +245,43 @@ void DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, co
     kv_lens_[t] = batch.positions[t] + 1;
   }
 
-  // Absorb W_UK: q_full[t, h] = [q_nope[t, h] . W_UK_h (kv_lora) | q_pe[t, h] (rope)]
+  // Absorb W_UK: q_full[t, h] = [q_nope[t, h] . W_UK_h (kv_lora) | q_pe[t, h] (rope)].
+  // Heads run in parallel (each head's small matmul then runs on one thread), which costs one
+  // pool dispatch per layer instead of one per head: that overhead matters at decode.
   float* q_full = q_full_.data();
-  for (int64_t hd = 0; hd < heads; ++hd) {
-    for (int64_t t = 0; t < T; ++t)
-      std::memcpy(head_in_.data() + t * nope, q + (t * heads + hd) * qk, sizeof(float) * nope);
-    ops_.matmul(head_in_.data(), T, A.w_uk_t[hd], head_out_.data());  // [T, kv_lora]
-    for (int64_t t = 0; t < T; ++t) {
-      float* dst = q_full + (t * heads + hd) * D;
-      std::memcpy(dst, head_out_.data() + t * kv_lora, sizeof(float) * kv_lora);
-      std::memcpy(dst + kv_lora, q + (t * heads + hd) * qk + nope, sizeof(float) * rope);
+  float* head_in = head_in_.data();    // [heads, T, max(nope, kv_lora)]
+  float* head_out = head_out_.data();  // [heads, T, max(kv_lora, v)]
+  const int64_t in_stride = T * std::max(kv_lora, nope), out_stride = T * std::max(kv_lora, vdim);
+  thread_pool().parallel_for(heads, [&](int64_t h0, int64_t h1) {
+    for (int64_t hd = h0; hd < h1; ++hd) {
+      float* in = head_in + hd * in_stride;
+      float* res = head_out + hd * out_stride;
+      for (int64_t t = 0; t < T; ++t) std::memcpy(in + t * nope, q + (t * heads + hd) * qk, sizeof(float) * nope);
+      ops_.matmul(in, T, A.w_uk_t[hd], res);  // [T, kv_lora]
+      for (int64_t t = 0; t < T; ++t) {
+        float* dst = q_full + (t * heads + hd) * D;
+        std::memcpy(dst, res + t * kv_lora, sizeof(float) * kv_lora);
+        std::memcpy(dst + kv_lora, q + (t * heads + hd) * qk + nope, sizeof(float) * rope);
+      }
     }
-  }
+  });
 
   ops::MlaAttentionArgs args{q_full, T, heads, kv_lora, rope, kv_ptrs_.data(), kv_lens_.data(),
                              softmax_scale_, attn_latent_.data()};
   ops_.mla_attention(args);  // [T, heads, kv_lora]
 
   // Expand through W_UV per head: attn_v[t, h] = latent[t, h] . W_UV_h^T (v values)
-  for (int64_t hd = 0; hd < heads; ++hd) {
-    for (int64_t t = 0; t < T; ++t)
-      std::memcpy(head_in_.data() + t * kv_lora, attn_latent_.data() + (t * heads + hd) * kv_lora,
-                  sizeof(float) * kv_lora);
-    ops_.matmul(head_in_.data(), T, A.w_uv[hd], head_out_.data());  // [T, v]
-    for (int64_t t = 0; t < T; ++t)
-      std::memcpy(attn_v_.data() + (t * heads + hd) * vdim, head_out_.data() + t * vdim, sizeof(float) * vdim);
-  }
+  thread_pool().parallel_for(heads, [&](int64_t h0, int64_t h1) {
+    for (int64_t hd = h0; hd < h1; ++hd) {
+      float* in = head_in + hd * in_stride;
+      float* res = head_out + hd * out_stride;
+      for (int64_t t = 0; t < T; ++t)
+        std::memcpy(in + t * kv_lora, attn_latent_.data() + (t * heads + hd) * kv_lora, sizeof(float) * kv_lora);
+      ops_.matmul(in, T, A.w_uv[hd], res);  // [T, v]
+      for (int64_t t = 0; t < T; ++t)
+        std::memcpy(attn_v_.data() + (t * heads + hd) * vdim, res + t * vdim, sizeof(float) * vdim);
+    }
+  });
   ops_.matmul(attn_v_.data(), T, A.o_proj, out);  // [T, hidden]
 }
 
