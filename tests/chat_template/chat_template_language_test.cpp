@@ -145,6 +145,7 @@ bc)J", nullptr},
     {"loop_in_macro", R"J({% macro m(xs) %}{% for x in xs %}{{ x }}{% if not loop.last %},{% endif %}{% endfor %}{% endmacro %}{{ m([1, 2, 3]) }})J", R"J({})J", R"J(1,2,3)J", nullptr},
     {"pipes_precedence", R"J({{ -1|abs }} {{ 'a' ~ 1|string }} {{ 1 + 2|string|length }} {{ [1,2]|length > 1 }} {{ not true|string }})J", R"J({})J", R"J(1 a1 2 True False)J", nullptr},
     {"in_loop_set_visible_next", R"J({% for i in [1, 2] %}[{{ x }}]{% set x = i %}{% endfor %}{{ x }})J", R"J({"x": 9})J", R"J([9][9]9)J", nullptr},
+    {"unicode_case", R"J({{ s|upper }}|{{ s|lower }}|{{ s|capitalize }}|{{ s|title }}|{{ 'Привет ЁЖ'|lower }}|{{ 'αβγ'|upper }}|{{ '你好 world'|title }}|{{ 2.0 is even }}{{ 2.5 is even }}{{ 3.0 is odd }})J", R"J({"s": "héllo wÖrld ça"})J", R"J(HÉLLO WÖRLD ÇA|héllo wörld ça|Héllo wörld ça|Héllo Wörld Ça|привет ёж|ΑΒΓ|你好 World|TrueFalseTrue)J", nullptr},
 };
 
 std::string lower(std::string s) {

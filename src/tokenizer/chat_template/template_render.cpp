@@ -24,21 +24,67 @@ namespace {
 [[noreturn]] void type_error(const std::string& message) { throw TemplateError(message); }
 
 // ----------------------------------------------------------------------------------------------
-// String helpers (Python str methods on UTF-8; case mapping is ASCII only).
+// String helpers (Python str methods on UTF-8).
 
 bool py_space(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f' ||
          (c >= '\x1c' && c <= '\x1f');
 }
 
-std::string ascii_lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
+// Simple case mapping for ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic: the scripts chat
+// text commonly has. Special cases Python also handles (ß -> SS, final sigma, Turkish i) are not.
+uint32_t map_case(uint32_t c, bool upper) {
+  if (upper) {
+    if (c >= 'a' && c <= 'z') return c - 32;
+    if ((c >= 0xE0 && c <= 0xFE && c != 0xF7)) return c - 32;
+    if (c == 0xFF) return 0x178;
+    if (c >= 0x100 && c <= 0x17F && c != 0x130 && c != 0x131 && c != 0x138 && c != 0x149 && c != 0x17F) {
+      bool odd_is_lower = (c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E);
+      if ((c % 2 == 1) == odd_is_lower) return c;
+      return c - 1;
+    }
+    if (c >= 0x3B1 && c <= 0x3C9 && c != 0x3C2) return c - 32;
+    if (c >= 0x430 && c <= 0x44F) return c - 32;
+    if (c >= 0x450 && c <= 0x45F) return c - 80;
+    return c;
+  }
+  if (c >= 'A' && c <= 'Z') return c + 32;
+  if ((c >= 0xC0 && c <= 0xDE && c != 0xD7)) return c + 32;
+  if (c == 0x178) return 0xFF;
+  if (c >= 0x100 && c <= 0x17F && c != 0x130 && c != 0x131 && c != 0x138 && c != 0x149 && c != 0x17F) {
+    bool odd_is_lower = (c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E);
+    if ((c % 2 == 1) == odd_is_lower) return c + 1;
+    return c;
+  }
+  if (c >= 0x391 && c <= 0x3A9 && c != 0x3A2) return c + 32;
+  if (c >= 0x410 && c <= 0x42F) return c + 32;
+  if (c >= 0x400 && c <= 0x40F) return c + 80;
+  return c;
 }
-std::string ascii_upper(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return s;
+
+std::string change_case(const std::string& s, bool upper) {
+  std::string out;
+  for (const std::string& cp : split_code_points(s)) {
+    unsigned char b0 = cp[0];
+    uint32_t c = b0;
+    if (cp.size() == 2) c = ((b0 & 0x1F) << 6) | (static_cast<unsigned char>(cp[1]) & 0x3F);
+    if (cp.size() > 2 || (cp.size() == 1 && b0 >= 0x80)) {
+      out += cp;
+      continue;
+    }
+    uint32_t m = map_case(c, upper);
+    if (m < 0x80) {
+      out += static_cast<char>(m);
+    } else {
+      out += static_cast<char>(0xC0 | (m >> 6));
+      out += static_cast<char>(0x80 | (m & 0x3F));
+    }
+  }
+  return out;
 }
+
+std::string to_lower(const std::string& s) { return change_case(s, false); }
+std::string to_upper(const std::string& s) { return change_case(s, true); }
 
 std::string strip_chars(const std::string& s, const Value& chars, bool left, bool right) {
   auto strip_it = [&](char c) {
@@ -158,23 +204,21 @@ std::vector<std::string> py_rsplit(const std::string& s, const Value& sep, int64
 }
 
 std::string capitalize(const std::string& s) {
-  std::string out = ascii_lower(s);
-  if (!out.empty()) out[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(out[0])));
+  auto cps = split_code_points(s);
+  std::string out;
+  for (size_t k = 0; k < cps.size(); ++k) out += change_case(cps[k], k == 0);
   return out;
 }
 
+// Python str.title(): a cased character after an uncased one is upper-cased, the rest lowered.
 std::string title_case(const std::string& s) {
   std::string out;
   bool prev_cased = false;
-  for (char c : s) {
-    bool alpha = std::isalpha(static_cast<unsigned char>(c));
-    if (alpha) {
-      out += static_cast<char>(prev_cased ? std::tolower(static_cast<unsigned char>(c))
-                                          : std::toupper(static_cast<unsigned char>(c)));
-    } else {
-      out += c;
-    }
-    prev_cased = alpha;
+  for (const std::string& cp : split_code_points(s)) {
+    std::string up = change_case(cp, true), low = change_case(cp, false);
+    bool cased = up != low || std::isalpha(static_cast<unsigned char>(cp[0]));
+    out += cased ? (prev_cased ? low : up) : cp;
+    prev_cased = cased;
   }
   return out;
 }
@@ -449,8 +493,8 @@ Value call_string_method(const std::string& s, const std::string& name, Args& ar
     return Value::string(replace_all(s, str_arg(p.required(0), "old"), str_arg(p.required(1), "new"),
                                      to_int_arg(p.get(2, Value::integer(-1)), "count")));
   }
-  if (name == "upper") return Value::string(ascii_upper(s));
-  if (name == "lower" || name == "casefold") return Value::string(ascii_lower(s));
+  if (name == "upper") return Value::string(to_upper(s));
+  if (name == "lower" || name == "casefold") return Value::string(to_lower(s));
   if (name == "capitalize") return Value::string(capitalize(s));
   if (name == "title") return Value::string(title_case(s));
   if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count") {
@@ -500,8 +544,8 @@ Value call_string_method(const std::string& s, const std::string& name, Args& ar
   if (name == "isalpha") return all_of(::isalpha);
   if (name == "isalnum") return all_of(::isalnum);
   if (name == "isspace") return all_of([](unsigned char c) { return py_space(static_cast<char>(c)); });
-  if (name == "islower") return Value::boolean(s != ascii_upper(s) && s == ascii_lower(s));
-  if (name == "isupper") return Value::boolean(s != ascii_lower(s) && s == ascii_upper(s));
+  if (name == "islower") return Value::boolean(s != to_upper(s) && s == to_lower(s));
+  if (name == "isupper") return Value::boolean(s != to_lower(s) && s == to_upper(s));
   type_error("'str' object has no attribute '" + name + "'");
 }
 
@@ -1117,7 +1161,7 @@ class Renderer {
   }
 
   static Value sort_key(const Value& v, bool case_sensitive) {
-    if (!case_sensitive && v.is_string()) return Value::string(ascii_lower(v.s));
+    if (!case_sensitive && v.is_string()) return Value::string(to_lower(v.s));
     return v;
   }
 
@@ -1154,8 +1198,8 @@ class Renderer {
       return Value::string(strip_chars(to_str(v), p.get(0), true, true));
     }
     if (name == "length" || name == "count") return Value::integer(length_of(v));
-    if (name == "lower") return Value::string(ascii_lower(to_str(v)));
-    if (name == "upper") return Value::string(ascii_upper(to_str(v)));
+    if (name == "lower") return Value::string(to_lower(to_str(v)));
+    if (name == "upper") return Value::string(to_upper(to_str(v)));
     if (name == "capitalize") return Value::string(capitalize(to_str(v)));
     if (name == "title") return Value::string(title_case(to_str(v)));
     if (name == "safe") return v;
@@ -1452,11 +1496,16 @@ class Renderer {
     if (name == "iterable") return v.is_string() || v.is_sequence() || v.is_mapping() || v.is_undefined();
     if (name == "callable") return v.kind == Kind::kCallable;
     if (name == "escaped") return false;
-    if (name == "lower") return v.is_string() && ascii_lower(v.s) == v.s;
-    if (name == "upper") return v.is_string() && ascii_upper(v.s) == v.s;
+    if (name == "lower") return v.is_string() && to_lower(v.s) == v.s;
+    if (name == "upper") return v.is_string() && to_upper(v.s) == v.s;
     if (name == "filter") return v.is_string() && is_known_filter(v.s);
     if (name == "test") return v.is_string() && is_known_test(v.s);
     if (name == "even" || name == "odd") {
+      // Python: value % 2 == 0 (even) or == 1 (odd), floats included.
+      if (v.kind == Kind::kFloat) {
+        double r = v.f - 2 * std::floor(v.f / 2);
+        return name == "even" ? r == 0 : r == 1;
+      }
       int64_t x = to_int_arg(v, name.c_str());
       return (x % 2 == 0) == (name == "even");
     }
