@@ -182,12 +182,12 @@ class Attention(nn.Module):
         k_nope, value = kvb[..., :nope], kvb[..., nope:]
         q_pe = apply_rope_interleaved(q_pe.to(CD), cos[:, None, :], sin[:, None, :])
         k_pe = apply_rope_interleaved(k_pe.to(CD), cos, sin)
-        # scores [B, H, T, S]
-        s = torch.einsum("bthd,bshd->bhts", q_nope.to(CD), k_nope.to(CD))
-        s = s + torch.einsum("bthd,bsd->bhts", q_pe, k_pe)
-        s = s * self.scale
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-        s = s.masked_fill(mask, float("-inf"))
+        # scores [B, H, T, S] = [q_nope | q_pe] . [k_nope | k_pe (shared by all heads)]
+        query = torch.cat([q_nope.to(CD), q_pe], dim=-1)
+        key = torch.cat([k_nope.to(CD), k_pe[:, :, None, :].expand(B, T, H, rope)], dim=-1)
+        s = torch.einsum("bthd,bshd->bhts", query, key)
+        causal = torch.full((T, T), float("-inf"), device=x.device).triu(1)
+        s = s.to(CD) * self.scale + causal
         p = torch.softmax(s, dim=-1, dtype=CD)
         o = torch.einsum("bhts,bshd->bthd", p.to(value.dtype), value).reshape(B, T, H * vd)
         return self.o_proj(o)
@@ -277,11 +277,17 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MoE(cfg) if cfg.is_moe_layer(i) else MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.dropout = 0.0  # residual-branch dropout, training only (not part of the architecture)
 
     def forward(self, h, cos, sin):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin).to(CD)
-        h = h + self.mlp(self.post_attention_layernorm(h)).to(CD)
-        return h
+        a = self.self_attn(self.input_layernorm(h), cos, sin).to(CD)
+        if self.training and self.dropout > 0:
+            a = F.dropout(a, self.dropout)
+        h = h + a
+        m = self.mlp(self.post_attention_layernorm(h)).to(CD)
+        if self.training and self.dropout > 0:
+            m = F.dropout(m, self.dropout)
+        return h + m
 
 
 class Inner(nn.Module):
