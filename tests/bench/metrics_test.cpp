@@ -245,3 +245,33 @@ TEST(Plot, NiceTicks) {
 
 }  // namespace
 }  // namespace moat::bench
+
+namespace moat::bench {
+namespace {
+
+// With a tokenizer the prompts have exactly the asked-for token counts. Skipped where the shared
+// test vocabularies are absent; nothing else in these tests needs a tokenizer.
+TEST(Workload, TokenizerPromptsAreExact) {
+  std::string dir = std::string(MOAT_SOURCE_DIR) + "/../shared/testdata/tokenizers/gpt-2";
+  if (!std::ifstream(dir + "/tokenizer.json")) GTEST_SKIP() << "no " << dir;
+  auto lengths = sample_lengths(8, 200, 4, 0.5, 3);
+  auto reqs = tokenizer_prompts(dir, lengths, 3);
+  if (!reqs.ok() && reqs.error().message.find("no tokenizer module") != std::string::npos)
+    GTEST_SKIP() << reqs.error().message;
+  ASSERT_TRUE(reqs.ok()) << reqs.error().message;
+  ASSERT_EQ(reqs->size(), 8u);
+  auto counts = count_tokens(dir, {(*reqs)[0].prompt, (*reqs)[7].prompt});
+  ASSERT_TRUE(counts.ok());
+  for (size_t i = 0; i < reqs->size(); ++i) EXPECT_EQ((*reqs)[i].input_tokens, lengths[i].input);
+  EXPECT_EQ((*counts)[0], lengths[0].input);
+  EXPECT_EQ((*counts)[1], lengths[7].input);
+  EXPECT_FALSE(tokenizer_prompts("/nonexistent", lengths, 3).ok());
+  // The tokenizer-free approximation is one GPT-2 token per word.
+  auto approx = approximate_prompts({{500, 1}}, 3);
+  auto approx_count = count_tokens(dir, {approx[0].prompt});
+  ASSERT_TRUE(approx_count.ok());
+  EXPECT_EQ((*approx_count)[0], 500);
+}
+
+}  // namespace
+}  // namespace moat::bench
