@@ -4,7 +4,8 @@ reference model code (tools/reference_model.py), on the fortune corpus (tools/co
 tokenizer from tools/train_tokenizer.py. One process, one thread; deterministic given --seed.
 
   tools/train.py --tokenizer checkpoints/tokenizer --work checkpoints/train \
-      --steps 1500 --draft-steps 1200 --seed 1234 > checkpoints/train/train.log
+      --steps 800 --draft-steps 400 --batch 16 --ctx 128 --warmup 50 --eval-every 100 \
+      --seed 1234 --fresh > checkpoints/train/train.log 2>&1
   tools/train.py --work checkpoints/train --export-only     # export the best saved weights
 
 Target first (plain next-token cross-entropy), then the draft, distilled from the target
@@ -232,13 +233,13 @@ def main():
     ap.add_argument("--out-target", default=os.path.join(ROOT, "models/k3-nano"))
     ap.add_argument("--out-draft", default=os.path.join(ROOT, "models/k3-nano-draft"))
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--steps", type=int, default=1500)
-    ap.add_argument("--draft-steps", type=int, default=1200)
+    ap.add_argument("--steps", type=int, default=800)
+    ap.add_argument("--draft-steps", type=int, default=400)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--ctx", type=int, default=256)
+    ap.add_argument("--ctx", type=int, default=128)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--draft-lr", type=float, default=3e-3)
-    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--fresh", action="store_true", help="ignore saved training state")
