@@ -291,13 +291,22 @@ void print_plan(std::FILE* out, const Plan& plan, const std::vector<PlanRow>& ro
                opt_text(r.decode_tps_per_stream_est, "{:.1f}"), opt_text(r.aggregate_tps_est, "{:.1f}"),
                r.price_per_gpu_hour, opt_text(r.usd_per_mtok_est, "{:.2f}"));
   }
-  bool any_why = false;
-  for (const PlanRow& r : rows)
-    if (!r.fits) {
-      if (!any_why) fmt::print(out, "\n");
-      any_why = true;
-      fmt::print(out, "  {} TP{}: does not fit: {}\n", r.hardware_name, r.tp, r.why_not);
+  // Why each layout was rejected: every shown row that does not fit, and in the default view the
+  // next smaller layout of each GPU, so "16 GPUs" comes with the reason 8 were not enough.
+  std::vector<const PlanRow*> why;
+  for (const PlanRow& r : rows) {
+    if (!all && r.fits) {
+      const PlanRow* smaller = nullptr;
+      for (const PlanRow& c : plan.rows)
+        if (c.hardware == r.hardware && c.tp < r.tp && !c.fits) smaller = &c;
+      if (smaller) why.push_back(smaller);
     }
+    if (!r.fits) why.push_back(&r);
+  }
+  if (!why.empty()) fmt::print(out, "\n");
+  for (const PlanRow* r : why)
+    fmt::print(out, "  {} x{} (TP{}, {} node{}) does not fit: {}\n", r->hardware_name, r->gpus, r->tp, r->nodes,
+               r->nodes > 1 ? "s" : "", r->why_not);
   fmt::print(out, "\n{}tok/s/strm: batch-1 decode roofline = {:.2f} x HBM bandwidth / (active weight bytes per GPU "
                   "+ KV bytes read per token at the full context); agg tok/s at concurrency {} (experts touched by "
                   "the batch, compute-capped); no communication cost. $/Mtok = GPUs x $/GPU-h / 3600 / agg tok/s x 1e6.\n",
