@@ -1,11 +1,11 @@
 // `moat bench`: serving benchmark against any OpenAI-compatible server (moat, vLLM, sglang,
 // llama-server), with the metric definitions of ../shared/DESIGN.md ("Benchmark metrics").
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -25,6 +25,11 @@ namespace {
 
 std::atomic<bool> g_interrupted{false};
 
+int fail(int exit_code, const std::string& message) {
+  MOAT_LOG(error, "{}", message);
+  return exit_code;
+}
+
 void on_sigint(int) {
   g_interrupted.store(true);
   // A second Ctrl-C kills the process the usual way.
@@ -39,7 +44,7 @@ struct BenchFlags {
   std::string dataset, tokenizer;
   std::string concurrency = "1";
   std::string request_rate = "inf";
-  int warmup = 1;
+  int warmup = -1;  // one per worker
   uint64_t seed = 1;
   std::string json_path, csv_path, plot_path;
   bool ignore_eos = true;
@@ -79,9 +84,9 @@ Result<double> parse_rate(const std::string& text) {
 
 int run(const BenchFlags& f) {
   auto levels = parse_concurrency(f.concurrency);
-  if (!levels.ok()) return MOAT_LOG(error, "{}", levels.error().message), 2;
+  if (!levels.ok()) return fail(2, levels.error().message);
   auto rate = parse_rate(f.request_rate);
-  if (!rate.ok()) return MOAT_LOG(error, "{}", rate.error().message), 2;
+  if (!rate.ok()) return fail(2, rate.error().message);
   if (f.endpoint != "completions" && f.endpoint != "chat") {
     MOAT_LOG(error, "--endpoint {}: expected completions or chat", f.endpoint);
     return 2;
@@ -91,7 +96,7 @@ int run(const BenchFlags& f) {
     return 2;
   }
   if (auto url = bench::parse_base_url(f.base_url); !url.ok())
-    return MOAT_LOG(error, "{}", url.error().message), 2;
+    return fail(2, url.error().message);
 
   bench::EndpointConfig endpoint;
   endpoint.base_url = f.base_url;
@@ -139,11 +144,18 @@ int run(const BenchFlags& f) {
     // Fresh prompts for every level and for the warmup, so no level rides on a prefix cache
     // that an earlier one filled.
     uint64_t seed = f.seed + 1000003ull * level;
-    auto all = bench::build_workload(spec, n + f.warmup, seed, offset);
-    if (!all.ok()) return MOAT_LOG(error, "{}", all.error().message), 2;
-    offset += n + f.warmup;
+    // By default one warmup request per worker, so that every connection is open before the
+    // clock starts: a burst of connects overflows small listen backlogs (Python's and
+    // cpp-httplib's are 5) and the SYN retries would show up as 1-3 s TTFTs or failures.
+    int workers = c > 0 ? std::min(c, n) : n;
+    int num_warmup = f.warmup >= 0 ? f.warmup : workers;
+    auto all = bench::build_workload(spec, n + num_warmup, seed, offset);
+    if (!all.ok()) return fail(2, all.error().message);
+    offset += n + num_warmup;
     std::vector<bench::BenchRequest> requests(all->begin(), all->begin() + n);
     std::vector<bench::BenchRequest> warmup(all->begin() + n, all->end());
+    // Warmup is for connections and server caches, not for timing: keep it short.
+    for (auto& w : warmup) w.output_tokens = std::min<int64_t>(w.output_tokens, 16);
 
     bench::RunOptions options;
     options.concurrency = c;
@@ -174,15 +186,15 @@ int run(const BenchFlags& f) {
   bench::print_sweep_table(stdout, sweep);
   if (!f.json_path.empty())
     if (auto s = bench::write_json(f.json_path, sweep, ctx); !s.ok())
-      return MOAT_LOG(error, "{}", s.error().message), 1;
+      return fail(1, s.error().message);
   if (!f.csv_path.empty())
     if (auto s = bench::write_csv(f.csv_path, sweep, ctx); !s.ok())
-      return MOAT_LOG(error, "{}", s.error().message), 1;
+      return fail(1, s.error().message);
   if (!f.plot_path.empty()) {
     std::string title = fmt::format("{}  in {} / out {}", endpoint.model.empty() ? f.base_url : endpoint.model,
                                     f.input_len, f.output_len);
     if (auto s = bench::plot_throughput_curve(f.plot_path, sweep, std::max(1, f.gpus), title); !s.ok())
-      return MOAT_LOG(error, "{}", s.error().message), 1;
+      return fail(1, s.error().message);
   }
   if (g_interrupted.load()) return 130;
   return 0;
@@ -210,7 +222,9 @@ void setup(CLI::App& sub, int& exit_code) {
       ->capture_default_str();
   sub.add_option("--request-rate", f->request_rate, "Poisson arrivals in requests/s, or inf")
       ->capture_default_str();
-  sub.add_option("--warmup", f->warmup, "Unmeasured warmup requests per level")->capture_default_str();
+  sub.add_option("--warmup", f->warmup,
+                 "Unmeasured warmup requests per level, at most 16 output tokens each "
+                 "(default: one per concurrent stream, which opens every connection)");
   sub.add_option("--seed", f->seed, "Seed for prompts, lengths and arrivals")->capture_default_str();
   sub.add_option("--json", f->json_path, "Write one JSON record per concurrency (for moat plan --measured)");
   sub.add_option("--csv", f->csv_path, "Write the same records as CSV");
