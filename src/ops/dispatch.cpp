@@ -3,6 +3,10 @@
 #include <cstring>
 #include <vector>
 
+#ifdef MOAT_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
+
 namespace moat::ops {
 
 Result<Backend> parse_backend(std::string_view name) {
@@ -82,6 +86,12 @@ void OpTable::mla_attention(const MlaAttentionArgs& args) const {
   }
   // PadHeads: zero query heads attend uniformly and their outputs are dropped, so the real heads'
   // results are exactly those of an unpadded run.
+#ifdef MOAT_HAVE_CUDA
+  if (backend_ == Backend::cuda) {  // q and out are device pointers: pad on the device
+    cuda::mla_attention_pad_heads(args, mla_pad_to_, mla_attention_);
+    return;
+  }
+#endif
   const int64_t D = args.kv_lora + args.rope_dim;
   const int64_t H = args.num_heads, P = mla_pad_to_;
   thread_local std::vector<float> q_padded, out_padded;

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <random>
 #include <string>
@@ -21,6 +22,7 @@
 #include "base/dtype.h"
 #include "base/weight.h"
 #include "ops/dispatch.h"
+#include "ops/ops_table.h"
 #include "ops/registry.h"
 
 namespace moat::ops {
@@ -511,6 +513,27 @@ TEST(OpsRegistry, ConstraintReasonsNameTheHeadsRule) {
   const auto reasons = c.check(OpShape{.heads_per_rank = 12});
   ASSERT_EQ(reasons.size(), 1u);
   EXPECT_EQ(reasons[0], "heads per rank 12 not in OneOf{4,8} | MultipleOf{16}");
+}
+
+}  // namespace
+}  // namespace moat::ops
+
+namespace moat::ops {
+namespace {
+
+// docs/ops.md is generated (`moat doctor --ops-table --out docs/ops.md`); it must not drift from
+// the registry. Builds without nvcc lack the cuda rows, so they only check that every kernel of
+// theirs is listed.
+TEST(OpsTable, DocsOpsMdIsCurrent) {
+  std::ifstream f(std::string(MOAT_SOURCE_DIR) + "/docs/ops.md");
+  ASSERT_TRUE(f) << "docs/ops.md missing: run moat doctor --ops-table --out docs/ops.md";
+  const std::string doc((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const auto backends = Registry::global().compiled_backends();
+  if (std::find(backends.begin(), backends.end(), Backend::cuda) != backends.end())
+    EXPECT_EQ(doc, ops_table_markdown(Registry::global()))
+        << "docs/ops.md is stale: run moat doctor --ops-table --out docs/ops.md";
+  for (const KernelEntry& k : Registry::global().all())
+    EXPECT_NE(doc.find("`" + k.name + "`"), std::string::npos) << k.name << " missing from docs/ops.md";
 }
 
 }  // namespace

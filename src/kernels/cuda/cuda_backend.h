@@ -1,0 +1,58 @@
+// CUDA backend: the kernels (kernels.cu) and the host-side helpers tests and the engine use to
+// move data. Plain C++ declarations, so callers need no CUDA headers.
+//
+// Device-pointer semantics: every pointer a cuda kernel receives is a device pointer. That
+// includes WeightMatrix::data and ::scale_inv, the per-row parameter arrays of the sampling ops
+// (top_k, top_p, min_p, u), RopeArgs' positions and cos/sin tables, MoeRouteArgs' bias and
+// outputs, and MlaAttentionArgs::kv_cache (a device array of T device pointers) and ::kv_len.
+// Kernels are launched on the default stream and return before they finish; synchronize()
+// before reading results on the host. The cuBLAS handle and the scratch buffers (activations
+// rounded to bf16, dequantized fp8/f16 weights) are process-wide: one engine thread drives the
+// device, as DESIGN.md has it.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "ops/kernel_types.h"
+
+namespace moat::ops::cuda {
+
+// True when a CUDA device is usable; otherwise *why says what failed
+// ("CUDA driver version is insufficient for CUDA runtime version" on machines without a GPU).
+bool device_available(std::string* why);
+std::string device_name();
+
+void* device_alloc(size_t bytes);
+void device_free(void* p);
+void copy_to_device(void* dst, const void* src, size_t bytes);
+void copy_to_host(void* dst, const void* src, size_t bytes);
+void synchronize();
+
+// The kernels, one per op (signatures of kernel_types.h, device pointers).
+void embedding(const WeightMatrix& table, const int32_t* ids, int64_t T, float* out);
+void matmul_cublas(const float* x, int64_t T, const WeightMatrix& w, float* y);
+void rms_norm(const float* x, const float* weight, int64_t T, int64_t dim, float eps, float* y);
+void rope(const RopeArgs& args);
+void silu_mul(const float* gate, const float* up, int64_t T, int64_t n, float* y);
+void add_scaled(float* y, const float* x, float alpha, int64_t n);
+void mla_attention(const MlaAttentionArgs& args);
+void moe_route(const MoeRouteArgs& args);
+void softmax(const float* x, int64_t T, int64_t n, float temperature, float* probs);
+void top_k_renorm_prob(float* probs, int64_t T, int64_t n, const int32_t* top_k);
+void top_p_renorm_prob(float* probs, int64_t T, int64_t n, const float* top_p);
+void min_p_renorm_prob(float* probs, int64_t T, int64_t n, const float* min_p);
+void sample_from_probs(const float* probs, int64_t T, int64_t n, const float* u, int32_t* out);
+void argmax(const float* x, int64_t T, int64_t n, int32_t* out);
+
+// PadHeads on the device: q [T, heads, D] is zero-padded to [T, pad_to, D] in device scratch,
+// `kernel` runs on pad_to heads, and the first `heads` of each token's output are copied back
+// (OpTable::mla_attention calls this when the resolution is PadHeads on cuda).
+void mla_attention_pad_heads(const MlaAttentionArgs& args, int64_t pad_to, MlaAttentionFn kernel);
+
+// Limits the kernels declare in their constraints (cuda_registry.cpp).
+constexpr int64_t kMaxHeadDim = 1152;  // mla_attention: per-lane accumulators, 36 per lane
+constexpr int64_t kMaxExperts = 1024;  // moe_route: one block per token, experts in shared memory
+constexpr int64_t kMaxTopK = 32;
+
+}  // namespace moat::ops::cuda

@@ -1,0 +1,614 @@
+// CUDA kernels for every op, the same semantics as src/kernels/reference (see cuda_backend.h for
+// pointer and stream rules). Written for correctness and a clear path to speed, not yet tuned:
+//   matmul         cuBLAS GemmEx bf16 x bf16 -> fp32 (activations rounded to bf16 once per call;
+//                  fp8/f16 weights dequantized to a bf16 scratch matrix first, scale folded in);
+//                  f32 weights: cublasSgemm.
+//   mla_attention  one block per (token, head); warps take cache rows with an online softmax, then
+//                  merge through shared memory.
+//   sampling       one block per row; top-k/top-p thresholds by binary search on the float bits
+//                  (probabilities are >= 0, so their bit patterns order like their values).
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "kernels/cuda/cuda_backend.h"
+
+namespace moat::ops::cuda {
+namespace {
+
+#define MOAT_CUDA_OK(expr)                                                                    \
+  do {                                                                                        \
+    cudaError_t err_ = (expr);                                                                \
+    if (err_ != cudaSuccess) {                                                                \
+      std::fprintf(stderr, "%s:%d: CUDA error %s: %s\n", __FILE__, __LINE__, #expr,          \
+                   cudaGetErrorString(err_));                                                 \
+      std::abort();                                                                           \
+    }                                                                                         \
+  } while (0)
+#define MOAT_CUBLAS_OK(expr)                                                                  \
+  do {                                                                                        \
+    cublasStatus_t st_ = (expr);                                                              \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                       \
+      std::fprintf(stderr, "%s:%d: cuBLAS error %d: %s\n", __FILE__, __LINE__, int(st_), #expr); \
+      std::abort();                                                                           \
+    }                                                                                         \
+  } while (0)
+#define LAUNCH_CHECK() MOAT_CUDA_OK(cudaGetLastError())
+
+constexpr int kBlock = 256;
+constexpr int kWarps = kBlock / 32;
+
+int blocks_for(int64_t n) { return static_cast<int>((n + kBlock - 1) / kBlock); }
+
+// Grow-only device scratch.
+struct Scratch {
+  void* p = nullptr;
+  size_t bytes = 0;
+  void* get(size_t need) {
+    if (need > bytes) {
+      if (p) MOAT_CUDA_OK(cudaFree(p));
+      MOAT_CUDA_OK(cudaMalloc(&p, need));
+      bytes = need;
+    }
+    return p;
+  }
+};
+
+__device__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Block-wide reductions for kBlock threads; every thread gets the result.
+__device__ float block_sum(float v) {
+  __shared__ float part[kWarps];
+  __syncthreads();
+  v = warp_sum(v);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float s = 0.0f;
+  for (int i = 0; i < kWarps; ++i) s += part[i];
+  return s;
+}
+__device__ float block_max(float v) {
+  __shared__ float part[kWarps];
+  __syncthreads();
+  v = warp_max(v);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float m = -INFINITY;
+  for (int i = 0; i < kWarps; ++i) m = fmaxf(m, part[i]);
+  return m;
+}
+__device__ double block_sum_d(double v) {
+  __shared__ double part[kWarps];
+  __syncthreads();
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  double s = 0.0;
+  for (int i = 0; i < kWarps; ++i) s += part[i];
+  return s;
+}
+
+__device__ float fp8_e4m3_value(uint8_t b) {
+  const int e = (b >> 3) & 0xf, m = b & 7;
+  const float mag = e == 0 ? ldexpf(static_cast<float>(m), -9) : ldexpf(static_cast<float>(8 + m), e - 10);
+  return (b & 0x80) ? -mag : mag;
+}
+
+__device__ float load_weight(const void* data, int dtype, int64_t i) {
+  switch (dtype) {
+    case 0: return static_cast<const float*>(data)[i];
+    case 1: return __half2float(static_cast<const __half*>(data)[i]);
+    default: return __bfloat162float(static_cast<const __nv_bfloat16*>(data)[i]);
+  }
+}
+int dtype_code(DType d) { return d == DType::F32 ? 0 : d == DType::F16 ? 1 : 2; }
+
+// ---- embedding ---------------------------------------------------------------------------------
+__global__ void embedding_kernel(const void* table, int dtype, const int32_t* ids, int64_t H, float* out) {
+  const int64_t t = blockIdx.x;
+  const int64_t row = ids[t];
+  for (int64_t j = threadIdx.x; j < H; j += blockDim.x) out[t * H + j] = load_weight(table, dtype, row * H + j);
+}
+
+// ---- matmul ------------------------------------------------------------------------------------
+__global__ void to_bf16_kernel(const float* x, int64_t n, __nv_bfloat16* out) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = __float2bfloat16_rn(x[i]);
+}
+__global__ void dequant_kernel(const void* data, int is_fp8, const float* scale_inv, int64_t N, int64_t K,
+                               int64_t bo, int64_t bi, __nv_bfloat16* out) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= N * K) return;
+  float v;
+  if (is_fp8) {
+    const int64_t n = i / K, k = i % K;
+    v = fp8_e4m3_value(static_cast<const uint8_t*>(data)[i]) * scale_inv[(n / bo) * ((K + bi - 1) / bi) + k / bi];
+  } else {
+    v = __half2float(static_cast<const __half*>(data)[i]);
+  }
+  out[i] = __float2bfloat16_rn(v);
+}
+
+cublasHandle_t cublas() {
+  static cublasHandle_t handle = [] {
+    cublasHandle_t h;
+    MOAT_CUBLAS_OK(cublasCreate(&h));
+    return h;
+  }();
+  return handle;
+}
+
+// ---- rms_norm, rope, elementwise ---------------------------------------------------------------
+__global__ void rms_norm_kernel(const float* x, const float* w, int64_t dim, float eps, float* y) {
+  const float* xr = x + blockIdx.x * dim;
+  float* yr = y + blockIdx.x * dim;
+  float ss = 0.0f;
+  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) ss += xr[j] * xr[j];
+  const float inv = rsqrtf(block_sum(ss) / static_cast<float>(dim) + eps);
+  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) yr[j] = xr[j] * inv * w[j];
+}
+
+__global__ void rope_kernel(RopeArgs a) {
+  const int64_t t = blockIdx.x, h = blockIdx.y, half = a.rope_dim / 2;
+  const float* c = a.cos_table + static_cast<int64_t>(a.positions[t]) * half;
+  const float* s = a.sin_table + static_cast<int64_t>(a.positions[t]) * half;
+  float* v = a.x + t * a.token_stride + h * a.head_stride;
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    const float x0 = v[2 * i], x1 = v[2 * i + 1];
+    v[2 * i] = x0 * c[i] - x1 * s[i];
+    v[2 * i + 1] = x0 * s[i] + x1 * c[i];
+  }
+}
+
+__global__ void silu_mul_kernel(const float* g, const float* u, int64_t n, float* y) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+__global__ void add_scaled_kernel(float* y, const float* x, float alpha, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) y[i] += alpha * x[i];
+}
+
+// ---- MLA attention -----------------------------------------------------------------------------
+constexpr int kMaxPerLane = static_cast<int>(kMaxHeadDim / 32);
+
+__global__ void mla_attention_kernel(MlaAttentionArgs a) {
+  const int64_t t = blockIdx.x, h = blockIdx.y;
+  const int64_t D = a.kv_lora + a.rope_dim, C = a.kv_lora;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float* q = a.q + (t * a.num_heads + h) * D;
+  const float* cache = a.kv_cache[t];
+  const int64_t L = a.kv_len[t];
+  // Each warp: online softmax over rows warp, warp + kWarps, ...; lane holds out[lane + 32 i].
+  float m = -INFINITY, s = 0.0f, acc[kMaxPerLane];
+  for (int i = 0; i < kMaxPerLane; ++i) acc[i] = 0.0f;
+  for (int64_t j = warp; j < L; j += kWarps) {
+    const float* row = cache + j * D;
+    float dot = 0.0f;
+    for (int64_t d = lane; d < D; d += 32) dot += q[d] * row[d];
+    const float score = warp_sum(dot) * a.scale;
+    const float m_new = fmaxf(m, score);
+    const float correction = expf(m - m_new), p = expf(score - m_new);
+    s = s * correction + p;
+    for (int i = 0; i < kMaxPerLane; ++i) {
+      const int64_t d = lane + 32 * i;
+      if (d < C) acc[i] = acc[i] * correction + p * row[d];
+    }
+    m = m_new;
+  }
+  // merge the warps
+  __shared__ float wm[kWarps], ws[kWarps];
+  extern __shared__ float wacc[];  // [kWarps, C]
+  if (lane == 0) {
+    wm[warp] = m;
+    ws[warp] = s;
+  }
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    const int64_t d = lane + 32 * i;
+    if (d < C) wacc[warp * C + d] = acc[i];
+  }
+  __syncthreads();
+  float gm = -INFINITY;
+  for (int w = 0; w < kWarps; ++w) gm = fmaxf(gm, wm[w]);
+  float total = 0.0f;
+  for (int w = 0; w < kWarps; ++w)
+    if (wm[w] > -INFINITY) total += ws[w] * expf(wm[w] - gm);
+  float* out = a.out + (t * a.num_heads + h) * C;
+  for (int64_t d = threadIdx.x; d < C; d += blockDim.x) {
+    float v = 0.0f;
+    for (int w = 0; w < kWarps; ++w)
+      if (wm[w] > -INFINITY) v += wacc[w * C + d] * expf(wm[w] - gm);
+    out[d] = v / total;
+  }
+}
+
+// ---- MoE router (one thread block per token; thread 0 selects, mirroring the reference) --------
+__global__ void moe_route_kernel(MoeRouteArgs a) {
+  const int64_t t = blockIdx.x, E = a.num_experts;
+  __shared__ float scores[kMaxExperts], choice[kMaxExperts];
+  const float* logits = a.logits + t * E;
+  if (a.sigmoid) {
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x) scores[e] = 1.0f / (1.0f + expf(-logits[e]));
+  } else {
+    float mx = -INFINITY;
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, logits[e]);
+    mx = block_max(mx);
+    double sum = 0.0;
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x) sum += expf(logits[e] - mx);
+    sum = block_sum_d(sum);
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x)
+      scores[e] = static_cast<float>(expf(logits[e] - mx) / sum);
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int64_t e = 0; e < E; ++e) choice[e] = scores[e] + (a.bias ? a.bias[e] : 0.0f);
+  if (a.group_limited && a.n_group > 1) {
+    const int64_t per = E / a.n_group;
+    float gscore[64];
+    bool kept[64];
+    for (int64_t g = 0; g < a.n_group; ++g) {
+      float b1 = -INFINITY, b2 = -INFINITY;  // best two of the group (first index on ties)
+      for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+        const float v = choice[e];
+        if (v > b1) {
+          b2 = b1;
+          b1 = v;
+        } else if (v > b2) {
+          b2 = v;
+        }
+      }
+      gscore[g] = a.group_score_top2_sum && per > 1 ? b1 + b2 : b1;
+      kept[g] = false;
+    }
+    for (int64_t r = 0; r < a.topk_group; ++r) {
+      int64_t best = -1;
+      for (int64_t g = 0; g < a.n_group; ++g)
+        if (!kept[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
+      kept[best] = true;
+    }
+    for (int64_t e = 0; e < E; ++e)
+      if (!kept[e / per]) choice[e] = -INFINITY;
+  }
+  int32_t ids[kMaxTopK];
+  double sum = 0.0;
+  for (int64_t i = 0; i < a.top_k; ++i) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int64_t p = 0; p < i; ++p) taken |= ids[p] == e;
+      if (!taken && (best < 0 || choice[e] > choice[best])) best = e;
+    }
+    ids[i] = static_cast<int32_t>(best);
+    sum += scores[best];
+  }
+  for (int64_t i = 0; i < a.top_k; ++i) {
+    float w = scores[ids[i]];
+    if (a.norm_topk_prob && a.top_k > 1) w = static_cast<float>(w / (sum + 1e-20));
+    a.topk_ids[t * a.top_k + i] = ids[i];
+    a.topk_weights[t * a.top_k + i] = w * a.routed_scaling_factor;
+  }
+}
+
+// ---- softmax and sampling (one block per row) --------------------------------------------------
+__global__ void softmax_kernel(const float* x, int64_t n, float temperature, float* probs) {
+  const float* row = x + blockIdx.x * n;
+  float* p = probs + blockIdx.x * n;
+  float mx = -INFINITY;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) mx = fmaxf(mx, row[i]);
+  mx = block_max(mx);
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += (p[i] = expf((row[i] - mx) / temperature));
+  const float inv = 1.0f / block_sum(sum);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) p[i] *= inv;
+}
+
+__device__ void renormalize_row(float* p, int64_t n, float threshold) {
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    if (p[i] < threshold) p[i] = 0.0f;
+    sum += p[i];
+  }
+  sum = block_sum_d(sum);
+  const double denom = fmax(sum, 1e-8);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) p[i] = static_cast<float>(p[i] / denom);
+}
+
+// Largest bit pattern b (a value threshold) with pred(b) true, where pred is monotone: true for
+// small b. p >= 0, so comparing bit patterns as unsigned compares values.
+template <typename Pred>
+__device__ float largest_threshold(Pred pred) {
+  uint32_t lo = 0, hi = 0x7f800000u;  // pred(lo) holds
+  while (lo < hi) {
+    const uint32_t mid = lo + (hi - lo + 1) / 2;
+    if (pred(__uint_as_float(mid))) lo = mid;
+    else hi = mid - 1;
+  }
+  return __uint_as_float(lo);
+}
+
+__global__ void top_k_kernel(float* probs, int64_t n, const int32_t* top_k) {
+  float* p = probs + blockIdx.x * n;
+  const int64_t k = top_k[blockIdx.x];
+  float threshold = 0.0f;
+  if (k > 0 && k < n) {
+    // the k-th largest value: the largest v with count(p >= v) >= k (ties kept)
+    threshold = largest_threshold([&](float v) {
+      float c = 0.0f;
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) c += p[i] >= v ? 1.0f : 0.0f;
+      return block_sum(c) >= static_cast<float>(k);
+    });
+  }
+  renormalize_row(p, n, threshold);
+}
+
+__global__ void top_p_kernel(float* probs, int64_t n, const float* top_p) {
+  float* p = probs + blockIdx.x * n;
+  const float tp = top_p[blockIdx.x];
+  float threshold = 0.0f;
+  if (tp < 1.0f) {
+    double total = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) total += p[i];
+    total = block_sum_d(total);
+    const double target = static_cast<double>(tp) * total;
+    // the largest v whose mass sum(p >= v) reaches top_p (ties kept)
+    threshold = largest_threshold([&](float v) {
+      double s = 0.0;
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += p[i] >= v ? p[i] : 0.0f;
+      return block_sum_d(s) >= target;
+    });
+  }
+  renormalize_row(p, n, threshold);
+}
+
+__global__ void min_p_kernel(float* probs, int64_t n, const float* min_p) {
+  float* p = probs + blockIdx.x * n;
+  float mx = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) mx = fmaxf(mx, p[i]);
+  mx = block_max(mx);
+  renormalize_row(p, n, min_p[blockIdx.x] > 0.0f ? min_p[blockIdx.x] * mx : 0.0f);
+}
+
+// Each thread sums a contiguous chunk; the chunk where the running sum passes u * total is walked
+// exactly like the reference walks the row.
+__global__ void sample_kernel(const float* probs, int64_t n, const float* u, int32_t* out) {
+  const float* p = probs + blockIdx.x * n;
+  __shared__ double chunk_sum[kBlock];
+  const int64_t per = (n + kBlock - 1) / kBlock;
+  const int64_t b = threadIdx.x * per, e = min(n, b + per);
+  double s = 0.0;
+  for (int64_t i = b; i < e; ++i) s += p[i];
+  chunk_sum[threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  double total = 0.0;
+  for (int c = 0; c < kBlock; ++c) total += chunk_sum[c];
+  const double target = static_cast<double>(u[blockIdx.x]) * total;
+  double cum = 0.0;
+  int32_t pick = -1;
+  for (int c = 0; c < kBlock; ++c) {
+    const int64_t cb = c * per, ce = min(n, cb + per);
+    if (cb >= ce) break;
+    if (cum + chunk_sum[c] <= target) {  // the crossing is not in this chunk
+      for (int64_t i = ce - 1; i >= cb; --i)
+        if (p[i] > 0.0f) {
+          pick = static_cast<int32_t>(i);
+          break;
+        }
+      cum += chunk_sum[c];
+      continue;
+    }
+    for (int64_t i = cb; i < ce; ++i) {
+      if (p[i] <= 0.0f) continue;
+      pick = static_cast<int32_t>(i);
+      cum += p[i];
+      if (cum > target) break;
+    }
+    break;
+  }
+  out[blockIdx.x] = pick;
+}
+
+__global__ void argmax_kernel(const float* x, int64_t n, int32_t* out) {
+  const float* row = x + blockIdx.x * n;
+  float best = -INFINITY;
+  int64_t idx = n;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    if (row[i] > best) {
+      best = row[i];
+      idx = i;
+    }
+  __shared__ float sv[kBlock];
+  __shared__ int64_t si[kBlock];
+  sv[threadIdx.x] = best;
+  si[threadIdx.x] = idx;
+  __syncthreads();
+  for (int stride = kBlock / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride) {
+      const float ov = sv[threadIdx.x + stride];
+      const int64_t oi = si[threadIdx.x + stride];
+      if (ov > sv[threadIdx.x] || (ov == sv[threadIdx.x] && oi < si[threadIdx.x])) {
+        sv[threadIdx.x] = ov;
+        si[threadIdx.x] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<int32_t>(si[0] < n ? si[0] : 0);
+}
+
+}  // namespace
+
+// ---- host side ---------------------------------------------------------------------------------
+
+bool device_available(std::string* why) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    if (why) *why = cudaGetErrorString(err);
+    cudaGetLastError();  // clear the sticky error
+    return false;
+  }
+  if (count == 0) {
+    if (why) *why = "no CUDA device";
+    return false;
+  }
+  return true;
+}
+
+std::string device_name() {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return "?";
+  return prop.name;
+}
+
+void* device_alloc(size_t bytes) {
+  void* p = nullptr;
+  MOAT_CUDA_OK(cudaMalloc(&p, bytes == 0 ? 1 : bytes));
+  return p;
+}
+void device_free(void* p) { MOAT_CUDA_OK(cudaFree(p)); }
+void copy_to_device(void* dst, const void* src, size_t bytes) {
+  MOAT_CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+void copy_to_host(void* dst, const void* src, size_t bytes) {
+  MOAT_CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+void synchronize() { MOAT_CUDA_OK(cudaDeviceSynchronize()); }
+
+void embedding(const WeightMatrix& table, const int32_t* ids, int64_t T, float* out) {
+  if (T == 0) return;
+  embedding_kernel<<<static_cast<int>(T), kBlock>>>(table.data, dtype_code(table.dtype), ids, table.in_features, out);
+  LAUNCH_CHECK();
+}
+
+void matmul_cublas(const float* x, int64_t T, const WeightMatrix& w, float* y) {
+  if (T == 0) return;
+  const int64_t N = w.out_features, K = w.in_features;
+  const float alpha = 1.0f, beta = 0.0f;
+  // Row-major y[T, N] = x[T, K] . W[N, K]^T is column-major y^T[N, T] = W^T(op T on [K, N]) . x^T.
+  if (w.dtype == DType::F32) {
+    MOAT_CUBLAS_OK(cublasSgemm(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, static_cast<const float*>(w.data),
+                               K, x, K, &beta, y, N));
+    return;
+  }
+  static Scratch xs, ws;
+  auto* xb = static_cast<__nv_bfloat16*>(xs.get(sizeof(__nv_bfloat16) * T * K));
+  to_bf16_kernel<<<blocks_for(T * K), kBlock>>>(x, T * K, xb);
+  LAUNCH_CHECK();
+  const void* wb = w.data;
+  if (w.dtype == DType::F8_E4M3 || w.dtype == DType::F16) {
+    auto* deq = static_cast<__nv_bfloat16*>(ws.get(sizeof(__nv_bfloat16) * N * K));
+    dequant_kernel<<<blocks_for(N * K), kBlock>>>(w.data, w.dtype == DType::F8_E4M3, w.scale_inv, N, K, w.block_out,
+                                                  w.block_in, deq);
+    LAUNCH_CHECK();
+    wb = deq;
+  }
+  MOAT_CUBLAS_OK(cublasGemmEx(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, wb, CUDA_R_16BF, K, xb, CUDA_R_16BF,
+                              K, &beta, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void rms_norm(const float* x, const float* weight, int64_t T, int64_t dim, float eps, float* y) {
+  if (T == 0) return;
+  rms_norm_kernel<<<static_cast<int>(T), kBlock>>>(x, weight, dim, eps, y);
+  LAUNCH_CHECK();
+}
+
+void rope(const RopeArgs& args) {
+  if (args.num_tokens == 0 || args.num_heads == 0) return;
+  rope_kernel<<<dim3(static_cast<unsigned>(args.num_tokens), static_cast<unsigned>(args.num_heads)), 64>>>(args);
+  LAUNCH_CHECK();
+}
+
+void silu_mul(const float* gate, const float* up, int64_t T, int64_t n, float* y) {
+  if (T * n == 0) return;
+  silu_mul_kernel<<<blocks_for(T * n), kBlock>>>(gate, up, T * n, y);
+  LAUNCH_CHECK();
+}
+
+void add_scaled(float* y, const float* x, float alpha, int64_t n) {
+  if (n == 0) return;
+  add_scaled_kernel<<<blocks_for(n), kBlock>>>(y, x, alpha, n);
+  LAUNCH_CHECK();
+}
+
+void mla_attention(const MlaAttentionArgs& a) {
+  if (a.num_tokens == 0) return;
+  const size_t shared = sizeof(float) * kWarps * a.kv_lora;
+  mla_attention_kernel<<<dim3(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_heads)), kBlock,
+                         shared>>>(a);
+  LAUNCH_CHECK();
+}
+
+void mla_attention_pad_heads(const MlaAttentionArgs& args, int64_t pad_to, MlaAttentionFn kernel) {
+  const int64_t T = args.num_tokens, H = args.num_heads, D = args.kv_lora + args.rope_dim, C = args.kv_lora;
+  if (T == 0) return;
+  static Scratch q_scratch, out_scratch;
+  auto* q = static_cast<float*>(q_scratch.get(sizeof(float) * T * pad_to * D));   // [T, pad_to, D]
+  auto* out = static_cast<float*>(out_scratch.get(sizeof(float) * T * pad_to * C));  // [T, pad_to, C]
+  MOAT_CUDA_OK(cudaMemsetAsync(q, 0, sizeof(float) * T * pad_to * D));
+  MOAT_CUDA_OK(cudaMemcpy2DAsync(q, sizeof(float) * pad_to * D, args.q, sizeof(float) * H * D, sizeof(float) * H * D, T,
+                                 cudaMemcpyDeviceToDevice));
+  MlaAttentionArgs padded = args;
+  padded.q = q;
+  padded.num_heads = pad_to;
+  padded.out = out;
+  kernel(padded);
+  MOAT_CUDA_OK(cudaMemcpy2DAsync(args.out, sizeof(float) * H * C, out, sizeof(float) * pad_to * C, sizeof(float) * H * C,
+                                 T, cudaMemcpyDeviceToDevice));
+}
+
+void moe_route(const MoeRouteArgs& a) {
+  if (a.num_tokens == 0) return;
+  if (a.n_group > 64 || a.num_experts > kMaxExperts || a.top_k > kMaxTopK) {
+    std::fprintf(stderr, "cuda.moe_route: n_group %lld > 64, experts %lld > %lld or top_k %lld > %lld\n",
+                 static_cast<long long>(a.n_group), static_cast<long long>(a.num_experts),
+                 static_cast<long long>(kMaxExperts), static_cast<long long>(a.top_k), static_cast<long long>(kMaxTopK));
+    std::abort();
+  }
+  moe_route_kernel<<<static_cast<int>(a.num_tokens), kBlock>>>(a);
+  LAUNCH_CHECK();
+}
+
+void softmax(const float* x, int64_t T, int64_t n, float temperature, float* probs) {
+  if (T == 0) return;
+  softmax_kernel<<<static_cast<int>(T), kBlock>>>(x, n, temperature, probs);
+  LAUNCH_CHECK();
+}
+void top_k_renorm_prob(float* probs, int64_t T, int64_t n, const int32_t* top_k) {
+  if (T == 0) return;
+  top_k_kernel<<<static_cast<int>(T), kBlock>>>(probs, n, top_k);
+  LAUNCH_CHECK();
+}
+void top_p_renorm_prob(float* probs, int64_t T, int64_t n, const float* top_p) {
+  if (T == 0) return;
+  top_p_kernel<<<static_cast<int>(T), kBlock>>>(probs, n, top_p);
+  LAUNCH_CHECK();
+}
+void min_p_renorm_prob(float* probs, int64_t T, int64_t n, const float* min_p) {
+  if (T == 0) return;
+  min_p_kernel<<<static_cast<int>(T), kBlock>>>(probs, n, min_p);
+  LAUNCH_CHECK();
+}
+void sample_from_probs(const float* probs, int64_t T, int64_t n, const float* u, int32_t* out) {
+  if (T == 0) return;
+  sample_kernel<<<static_cast<int>(T), kBlock>>>(probs, n, u, out);
+  LAUNCH_CHECK();
+}
+void argmax(const float* x, int64_t T, int64_t n, int32_t* out) {
+  if (T == 0) return;
+  argmax_kernel<<<static_cast<int>(T), kBlock>>>(x, n, out);
+  LAUNCH_CHECK();
+}
+
+}  // namespace moat::ops::cuda
