@@ -31,9 +31,12 @@ std::string HeadsConstraint::describe() const {
 
 bool cpu_has_isa(std::string_view isa) {
   // __builtin_cpu_supports takes only string literals, hence the spelled-out names.
+  // "avx512bf16" also needs VBMI (byte permutes for fp8 decode): Zen4 and Sapphire Rapids have
+  // both; Cooper Lake has BF16 without VBMI and takes the avx512 kernels.
   if (isa == "avx512bf16")
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
+           __builtin_cpu_supports("avx512vbmi");
   if (isa == "avx512")
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl");

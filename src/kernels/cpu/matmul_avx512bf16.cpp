@@ -7,12 +7,13 @@
 // - W streams from memory exactly once per call: each task owns a range of 4-row groups, walks it
 //   in chunks of rows that stay in L2 (~128 KiB), and runs every token against a chunk before the
 //   next; the microkernel keeps 4 rows x up to 4 tokens of accumulators in registers.
-// - fp8 at T <= 2 (decode): weights are decoded in registers (exact e4m3 -> bf16, subnormals via a
-//   8-entry permute) and the 128x128 block scale multiplies the fp32 partial sum once per block.
+// - fp8 at T <= 2 (decode): weights are decoded in registers (exact e4m3 -> bf16 by two vpermt2b
+//   byte-table lookups per 64 codes) and the 128x128 block scale multiplies the fp32 partial sum
+//   once per block.
 //   fp8 and f16 at T >= 3 (prefill): a chunk of rows is dequantized once to bf16 (scale folded in)
 //   and reused by all tokens, so decode cost is amortized.
-// Compiled with a per-region target pragma (no global -march); registered only as usable where
-// the CPU has avx512bf16 (Constraints::cpu_isa).
+// Compiled with a per-region target pragma (no global -march); usable only where the CPU has
+// AVX-512 BF16 and VBMI (Constraints::cpu_isa "avx512bf16": Zen4, Sapphire Rapids and later).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -27,7 +28,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,bmi2")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,fma,bmi2")
 
 namespace moat::ops::cpu_avx512bf16 {
 namespace {
@@ -52,25 +53,50 @@ void convert_x(const float* x, int64_t T, int64_t K, int64_t Kp, uint16_t* xb) {
   }
 }
 
-// 32 e4m3 codes -> 32 exact bf16 values. Normal codes: the magnitude bits shifted into bf16's
-// exponent/mantissa with the exponent rebiased by 127 - 7; subnormal codes (exponent 0, m * 2^-9)
-// come from an 8-entry permute table. vdpbf16ps treats bf16 denormals as zero, so the value must
-// be exact and normal, not a scaled denormal.
-inline __m512i fp8_to_bf16(const uint8_t* p, __mmask32 mask, __m512i subnormals) {
-  const __m512i b = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, p));
-  const __m512i mag = _mm512_and_si512(b, _mm512_set1_epi16(0x7f));
-  const __m512i normal = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(120 << 7));
-  const __m512i sub = _mm512_permutexvar_epi16(mag, subnormals);
-  const __mmask32 is_sub = _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8));
-  const __m512i v = _mm512_mask_blend_epi16(is_sub, normal, sub);
-  // sign: bit 7 of the code -> bit 15 of the bf16
-  return _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(b, 8), _mm512_set1_epi16(static_cast<short>(0x8000)), 0xf8);
+// fp8 decode for decode-time matmul (T <= 2), where it is the bottleneck: 64 e4m3 codes become
+// 64 exact bf16 values in 5 instructions. Two 128-entry byte tables (vpermt2b indexes with the low
+// 7 bits, i.e. the magnitude) give the low and high bytes of bf16(|value|); the code's sign bit is
+// already bit 7 of the high byte; unpacking lo/hi bytes yields two vectors of 32 bf16, in a
+// lane-split order (vector A: k = 16L + 0..7, vector B: k = 16L + 8..15 for 128-bit lane L), so
+// the activations are laid out in the same order once per call (permute_x64). Values are exact
+// and normal, which vdpbf16ps needs: it treats bf16 denormals as zero.
+struct Fp8Tables {
+  __m512i lo0, lo1, hi0, hi1;  // bytes of bf16(magnitude m): m = 0..63 in *0, 64..127 in *1
+};
+
+Fp8Tables fp8_tables() {
+  alignas(64) uint8_t lo[128], hi[128];
+  for (int m = 0; m < 128; ++m) {
+    const uint16_t b = f32_to_bf16(fp8_e4m3_to_f32(static_cast<uint8_t>(m)));
+    lo[m] = static_cast<uint8_t>(b & 0xff);
+    hi[m] = static_cast<uint8_t>(b >> 8);
+  }
+  return {_mm512_load_si512(lo), _mm512_load_si512(lo + 64), _mm512_load_si512(hi), _mm512_load_si512(hi + 64)};
 }
 
-__m512i subnormal_table() {
-  alignas(64) uint16_t t[32] = {};
-  for (int m = 0; m < 8; ++m) t[m] = f32_to_bf16(static_cast<float>(m) * 0x1p-9f);
-  return _mm512_load_si512(t);
+inline void fp8x64_to_bf16(const uint8_t* p, __mmask64 mask, const Fp8Tables& t, __m512i& a, __m512i& b) {
+  const __m512i codes = _mm512_maskz_loadu_epi8(mask, p);
+  const __m512i lo = _mm512_permutex2var_epi8(t.lo0, codes, t.lo1);
+  const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.hi0, codes, t.hi1), codes,
+                                               _mm512_set1_epi8(static_cast<char>(0x80)), 0xf8);  // hi | sign
+  a = _mm512_unpacklo_epi8(lo, hi);
+  b = _mm512_unpackhi_epi8(lo, hi);
+}
+
+inline __mmask64 tail_mask64(int64_t n) { return n >= 64 ? ~0ull : ((1ull << n) - 1ull); }
+
+// xb[T, Kp] (natural order, Kp % 64 == 0) -> xp[T, Kp] in fp8x64_to_bf16's lane-split order.
+void permute_x64(const uint16_t* xb, int64_t T, int64_t Kp, uint16_t* xp) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k0 = 0; k0 < Kp; k0 += 64) {
+      const uint16_t* src = xb + t * Kp + k0;
+      uint16_t* dst = xp + t * Kp + k0;
+      for (int lane = 0; lane < 4; ++lane)
+        for (int i = 0; i < 8; ++i) {
+          dst[lane * 8 + i] = src[lane * 16 + i];
+          dst[32 + lane * 8 + i] = src[lane * 16 + 8 + i];
+        }
+    }
 }
 
 // acc[r][t] over K for NR weight rows (bf16, row stride ws) x NT tokens (xb rows, stride Kp);
@@ -84,6 +110,9 @@ void tile_bf16(const uint16_t* w, int64_t ws, const uint16_t* xb, int64_t Kp, in
   for (; k + 32 <= K; k += 32) {
     __m512i wv[NR];
     for (int r = 0; r < NR; ++r) wv[r] = _mm512_loadu_si512(w + r * ws + k);
+    // the next 4-row group, one group ahead: short rows (K = 2048) end before the hardware
+    // prefetcher has ramped up on the new streams
+    for (int r = 0; r < NR; ++r) _mm_prefetch(reinterpret_cast<const char*>(w + (NR + r) * ws + k), _MM_HINT_T0);
     for (int t = 0; t < NT; ++t) {
       const __m512i xv = _mm512_loadu_si512(xb + t * Kp + k);
       for (int r = 0; r < NR; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv);
@@ -119,12 +148,12 @@ void run_rows(const uint16_t* w, int64_t ws, int64_t rows, const uint16_t* xb, i
   }
 }
 
-// fp8 rows [n0, n0 + NR) decoded in registers, NT <= 2 tokens; the block scale multiplies each
-// 128-wide partial sum (rows of one 4-group share a 128-row scale block only when block_out % 4
-// == 0, so the scale is looked up per row).
+// fp8 rows [n0, n0 + NR) decoded in registers, NT <= 2 tokens (xp in lane-split order); the
+// block scale multiplies each block's fp32 partial sum once (looked up per row: a 4-row group can
+// straddle scale blocks when block_out is not a multiple of 4).
 template <int NR, int NT>
-void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xb, int64_t Kp, float* y, int64_t N,
-              __m512i subnormals) {
+void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xp, int64_t Kp, float* y, int64_t N,
+              const Fp8Tables& tables) {
   const int64_t K = w.in_features, bi = w.block_in;
   const uint8_t* rows = static_cast<const uint8_t*>(w.data) + n0 * K;
   const float* srow[NR];
@@ -137,13 +166,17 @@ void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xb, int64_t Kp,
     __m512 acc[NR][NT];
     for (int r = 0; r < NR; ++r)
       for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
-    for (int64_t k = kb; k < kend; k += 32) {
-      const __mmask32 m = tail_mask(kend - k);
-      __m512i wv[NR];
-      for (int r = 0; r < NR; ++r) wv[r] = fp8_to_bf16(rows + r * K + k, m, subnormals);
+    for (int64_t k = kb; k < kend; k += 64) {
+      const __mmask64 m = tail_mask64(kend - k);
+      __m512i wa[NR], wb[NR];
+      for (int r = 0; r < NR; ++r) fp8x64_to_bf16(rows + r * K + k, m, tables, wa[r], wb[r]);
+      for (int r = 0; r < NR; ++r) _mm_prefetch(reinterpret_cast<const char*>(rows + (NR + r) * K + k), _MM_HINT_T0);
       for (int t = 0; t < NT; ++t) {
-        const __m512i xv = _mm512_maskz_loadu_epi16(m, xb + t * Kp + k);
-        for (int r = 0; r < NR; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv);
+        const __m512i xa = _mm512_loadu_si512(xp + t * Kp + k), xb = _mm512_loadu_si512(xp + t * Kp + k + 32);
+        for (int r = 0; r < NR; ++r) {
+          acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wa[r], (__m512bh)xa);
+          acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wb[r], (__m512bh)xb);
+        }
       }
     }
     for (int r = 0; r < NR; ++r) {
@@ -155,7 +188,8 @@ void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xb, int64_t Kp,
     for (int t = 0; t < NT; ++t) y[t * N + r] = _mm512_reduce_add_ps(tot[r][t]);
 }
 
-using Fp8TileFn = void (*)(const WeightMatrix&, int64_t, const uint16_t*, int64_t, float*, int64_t, __m512i);
+using Fp8TileFn = void (*)(const WeightMatrix&, int64_t, const uint16_t*, int64_t, float*, int64_t,
+                           const Fp8Tables&);
 template <int NR>
 constexpr Fp8TileFn kFp8Row[2] = {&tile_fp8<NR, 1>, &tile_fp8<NR, 2>};
 constexpr const Fp8TileFn* kFp8Tiles[4] = {kFp8Row<1>, kFp8Row<2>, kFp8Row<3>, kFp8Row<4>};
@@ -199,18 +233,24 @@ void dequantize_rows(const WeightMatrix& w, int64_t n0, int64_t rows, int64_t Kp
 
 void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y) {
   const int64_t N = w.out_features, K = w.in_features;
-  const int64_t Kp = (K + 31) / 32 * 32;
+  const int64_t Kp = (K + 63) / 64 * 64;  // x rows padded with zeros to whole 64-blocks
   MOAT_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F16 || w.dtype == DType::F8_E4M3,
              "cpu.matmul_avx512bf16: weight dtype {}", dtype_name(w.dtype));
-  MOAT_CHECK(w.dtype != DType::F8_E4M3 || w.block_in % 32 == 0,
-             "cpu.matmul_avx512bf16: fp8 block_in {} must be a multiple of 32", w.block_in);
+  MOAT_CHECK(w.dtype != DType::F8_E4M3 || w.block_in % 64 == 0,
+             "cpu.matmul_avx512bf16: fp8 block_in {} must be a multiple of 64", w.block_in);
   thread_local std::vector<uint16_t> xb_buf;
   xb_buf.resize(static_cast<size_t>(T * Kp));
   convert_x(x, T, K, Kp, xb_buf.data());
   const uint16_t* xb = xb_buf.data();
   const int64_t chunk_rows = std::clamp<int64_t>(kChunkBytes / (2 * Kp) / 4 * 4, 4, 128);
   const bool fp8_direct = w.dtype == DType::F8_E4M3 && T <= 2;
-  const __m512i subnormals = subnormal_table();
+  const Fp8Tables tables = fp8_tables();
+  thread_local std::vector<uint16_t> xp_buf;  // [T, Kp] lane-split order, fp8 decode path only
+  if (fp8_direct) {
+    xp_buf.resize(static_cast<size_t>(T * Kp));
+    permute_x64(xb, T, Kp, xp_buf.data());
+  }
+  const uint16_t* xp = xp_buf.data();
   const int64_t groups = (N + 3) / 4;
   thread_pool().parallel_for(groups, [&](int64_t g0, int64_t g1) {
     thread_local std::vector<uint16_t> scratch;  // [chunk_rows, Kp] dequantized rows
@@ -223,8 +263,8 @@ void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y) {
         for (int64_t r0 = 0; r0 < rows; r0 += 4) {
           const int64_t nr = std::min<int64_t>(4, rows - r0);
           for (int64_t t = 0; t < T; t += 2)
-            kFp8Tiles[nr - 1][std::min<int64_t>(2, T - t) - 1](w, n0 + r0, xb + t * Kp, Kp,
-                                                                y + t * N + n0 + r0, N, subnormals);
+            kFp8Tiles[nr - 1][std::min<int64_t>(2, T - t) - 1](w, n0 + r0, xp + t * Kp, Kp,
+                                                                y + t * N + n0 + r0, N, tables);
         }
       } else {
         scratch.resize(static_cast<size_t>(chunk_rows * Kp));

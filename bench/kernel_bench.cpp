@@ -1,0 +1,305 @@
+// Kernel microbenchmarks with their roofline next to them (STYLE.md: "a benchmark prints its
+// roofline next to its result"). For each thread count it measures, in the same run:
+//   - memory read bandwidth: a 512 MiB buffer summed with 512-bit loads (the decode roofline);
+//   - bf16 peak: independent chains of vdpbf16ps (the prefill roofline);
+// then the matmul kernels the registry resolves on this CPU (bf16 and fp8 block-scaled weights) at
+// T = 1 (GB/s of weights vs bandwidth) and T = 512 (GFLOPS vs bf16 peak), and MLA decode
+// attention (GB/s of latent cache). Weight sets are replicated past the L3 size and cycled, so a
+// small matrix is read from DRAM as it would be when decode walks 26 layers of experts.
+// Every timed kernel is first checked against the reference kernel.
+//
+//   kernel_bench [--threads 1,2] [--markdown]
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/dtype.h"
+#include "base/thread_pool.h"
+#include "base/weight.h"
+#include "ops/kernel_types.h"
+#include "ops/registry.h"
+
+namespace {
+
+using namespace moat;
+using namespace moat::ops;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Runs fn repeatedly for about `budget` seconds after one warm-up call; returns seconds per call
+// (the best of 3 rounds, so a stray interruption does not count).
+template <typename Fn>
+double time_per_call(Fn&& fn, double budget = 0.4) {
+  fn();
+  double best = 1e30;
+  for (int round = 0; round < 3; ++round) {
+    int64_t calls = 0;
+    const auto t0 = Clock::now();
+    double elapsed = 0;
+    do {
+      fn();
+      ++calls;
+      elapsed = seconds_since(t0);
+    } while (elapsed < budget / 3);
+    best = std::min(best, elapsed / calls);
+  }
+  return best;
+}
+
+__attribute__((target("avx512f"))) float sum_range(const float* p, int64_t n) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i + 64 <= n; i += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + i + 512), _MM_HINT_T0);  // 2 KiB ahead, like the kernels
+    _mm_prefetch(reinterpret_cast<const char*>(p + i + 528), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p + i + 544), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p + i + 560), _MM_HINT_T0);
+    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
+    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
+    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
+    a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+// GB/s reading a buffer far larger than the caches, split over the pool's threads.
+double read_bandwidth_gbs(const std::vector<float>& buf) {
+  const int64_t n = static_cast<int64_t>(buf.size());
+  std::vector<float> sink(64);
+  const double s = time_per_call([&] {
+    thread_pool().parallel_for(
+        n / 4096, [&](int64_t b, int64_t e) { sink[0] += sum_range(buf.data() + b * 4096, (e - b) * 4096); }, 1);
+  }, 1.0);
+  return n * 4.0 / s / 1e9;
+}
+
+// GFLOPS of vdpbf16ps (2 flops per bf16 pair: 32 multiply-adds per instruction), 12 independent
+// accumulators per thread to cover the latency.
+__attribute__((target("avx512f,avx512bf16"))) float dpbf16_loop(int64_t iters) {
+  __m512 acc[12];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3c00);
+  for (int64_t i = 0; i < iters; ++i)
+    for (auto& x : acc) x = _mm512_dpbf16_ps(x, a, b);
+  __m512 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
+  return _mm512_reduce_add_ps(s);
+}
+
+// GFLOPS of fp32 FMAs (32 flops per 512-bit vfmadd), the roofline of fp32 attention.
+__attribute__((target("avx512f"))) float fma_loop(int64_t iters) {
+  __m512 acc[12];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.001f);
+  for (int64_t i = 0; i < iters; ++i)
+    for (auto& x : acc) x = _mm512_fmadd_ps(x, a, b);
+  __m512 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
+  return _mm512_reduce_add_ps(s);
+}
+
+double fp32_peak_gflops() {
+  const int64_t iters = 1 << 20;
+  std::vector<float> sink(64);
+  const int threads = thread_pool().num_threads();
+  const double s = time_per_call([&] {
+    thread_pool().parallel_for(threads, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) sink[i % 64] += fma_loop(iters);
+    }, 1);
+  }, 0.6);
+  return threads * iters * 12.0 * 32.0 / s / 1e9;
+}
+
+double bf16_peak_gflops() {
+  const int64_t iters = 1 << 20;
+  std::vector<float> sink(64);
+  const int threads = thread_pool().num_threads();
+  const double s = time_per_call([&] {
+    thread_pool().parallel_for(threads, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) sink[i % 64] += dpbf16_loop(iters);
+    }, 1);
+  }, 0.6);
+  return threads * iters * 12.0 * 64.0 / s / 1e9;
+}
+
+struct Weights {
+  std::vector<uint8_t> bytes;
+  std::vector<float> scales;
+  std::vector<WeightMatrix> copies;
+};
+
+// `copies` matrices [N, K] of random weights, enough to exceed the last-level cache.
+Weights make_weights(DType dtype, int64_t N, int64_t K, int64_t min_total_bytes) {
+  Weights w;
+  const int64_t one = N * K * static_cast<int64_t>(dtype_size(dtype));
+  const int64_t copies = std::max<int64_t>(1, (min_total_bytes + one - 1) / one);
+  w.bytes.resize(static_cast<size_t>(copies * one));
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 0.02f);
+  for (int64_t i = 0; i < copies * N * K; ++i) {
+    if (dtype == DType::BF16) {
+      const uint16_t b = f32_to_bf16(dist(rng));
+      std::memcpy(&w.bytes[2 * i], &b, 2);
+    } else {
+      w.bytes[i] = static_cast<uint8_t>(rng() & 0x77);  // finite codes of moderate size
+    }
+  }
+  const int64_t srows = (N + 127) / 128, scols = (K + 127) / 128;
+  w.scales.assign(static_cast<size_t>(srows * scols), 0.01f);
+  for (int64_t c = 0; c < copies; ++c)
+    w.copies.push_back(WeightMatrix{.dtype = dtype, .data = w.bytes.data() + c * one, .out_features = N,
+                                    .in_features = K,
+                                    .scale_inv = dtype == DType::F8_E4M3 ? w.scales.data() : nullptr});
+  return w;
+}
+
+const KernelEntry* best_kernel(OpId op, const OpShape& shape) {
+  const Resolution r = Registry::global().resolve(op, Backend::cpu, shape);
+  return r.usable() ? r.kernel : nullptr;
+}
+
+double max_norm_err(const std::vector<float>& a, const std::vector<float>& ref) {
+  double d = 0, m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    d = std::max(d, std::fabs(static_cast<double>(a[i]) - ref[i]));
+    m = std::max(m, std::fabs(static_cast<double>(ref[i])));
+  }
+  return d / std::max(m, 1e-30);
+}
+
+struct Row {
+  std::string what, kernel;
+  double value, roofline, pct;
+  const char* unit;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> thread_counts = {1, 2};
+  bool markdown = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--threads" && i + 1 < argc) {
+      thread_counts.clear();
+      std::string list = argv[++i];
+      for (size_t p = 0; p < list.size();) {
+        size_t q = list.find(',', p);
+        thread_counts.push_back(std::stoi(list.substr(p, q - p)));
+        p = q == std::string::npos ? list.size() : q + 1;
+      }
+    } else if (a == "--markdown") {
+      markdown = true;
+    } else {
+      std::fprintf(stderr, "usage: kernel_bench [--threads 1,2] [--markdown]\n");
+      return 2;
+    }
+  }
+  if (!cpu_has_isa("avx512bf16")) {
+    std::fprintf(stderr, "kernel_bench: this CPU lacks avx512bf16; the roofline probes need it\n");
+    return 1;
+  }
+  const int64_t kLlcSpan = 256ll << 20;  // cycle through >= 256 MiB of weights
+  std::vector<float> bw_buf((512ll << 20) / 4, 1.0f);
+
+  struct Shape {
+    int64_t N, K;
+  };
+  const Shape shapes[] = {{2048, 10944}, {1408, 2048}};  // [out, in]: V2-Lite dense down; expert gate/up
+  std::vector<Row> rows;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+
+  for (int threads : thread_counts) {
+    set_num_threads(threads);
+    const double bw = read_bandwidth_gbs(bw_buf);
+    const double peak = bf16_peak_gflops();
+    const double fp32_peak = fp32_peak_gflops();
+    const std::string tt = std::to_string(threads) + "t";
+    rows.push_back({"memory read bandwidth (" + tt + ")", "sum of 512 MiB", bw, bw, 100, "GB/s"});
+    rows.push_back({"bf16 peak (" + tt + ")", "vdpbf16ps x12 chains", peak, peak, 100, "GFLOPS"});
+    rows.push_back({"fp32 FMA peak (" + tt + ")", "vfmadd231ps x12 chains", fp32_peak, fp32_peak, 100, "GFLOPS"});
+
+    for (DType dtype : {DType::BF16, DType::F8_E4M3}) {
+      const KernelEntry* k = best_kernel(OpId::matmul, OpShape{.weight_dtype = dtype});
+      const auto* ref = Registry::global().kernels(OpId::matmul, Backend::reference).front();
+      auto fn = reinterpret_cast<MatmulFn>(k->fn);
+      for (const Shape& s : shapes) {
+        Weights w = make_weights(dtype, s.N, s.K, kLlcSpan);
+        for (int64_t T : {int64_t{1}, int64_t{512}}) {
+          std::vector<float> x(static_cast<size_t>(T * s.K)), y(static_cast<size_t>(T * s.N));
+          for (float& v : x) v = dist(rng);
+          if (threads == thread_counts.front() && T == 1) {  // correctness before speed
+            std::vector<float> yr(y.size());
+            fn(x.data(), T, w.copies[0], y.data());
+            reinterpret_cast<MatmulFn>(ref->fn)(x.data(), T, w.copies[0], yr.data());
+            const double err = max_norm_err(y, yr);
+            if (err > 1e-2) {
+              std::fprintf(stderr, "%s disagrees with the reference: normalized error %g\n", k->name.c_str(), err);
+              return 1;
+            }
+          }
+          size_t c = 0;
+          const double sec = time_per_call([&] {
+            fn(x.data(), T, w.copies[c], y.data());
+            c = (c + 1) % w.copies.size();
+          }, T == 1 ? 0.5 : 1.5);
+          const std::string what = std::string("matmul ") + std::string(dtype_name(dtype)) + " " +
+                                   std::to_string(s.N) + "x" + std::to_string(s.K) + " T=" +
+                                   std::to_string(T) + " (" + tt + ")";
+          if (T == 1) {
+            const double gbs = static_cast<double>(w.copies[0].bytes()) / sec / 1e9;
+            rows.push_back({what, k->name, gbs, bw, 100 * gbs / bw, "GB/s"});
+          } else {
+            const double gflops = 2.0 * T * s.N * s.K / sec / 1e9;
+            rows.push_back({what, k->name, gflops, peak, 100 * gflops / peak, "GFLOPS"});
+          }
+        }
+      }
+    }
+
+    // MLA decode attention: one token, 16 heads, 4096 cached latents of 576 fp32 values.
+    {
+      const int64_t heads = 16, L = 4096, C = 512, R = 64, D = C + R;
+      const KernelEntry* k = best_kernel(OpId::mla_attention, OpShape{.heads_per_rank = heads, .head_dim = D});
+      const int64_t copies = std::max<int64_t>(1, kLlcSpan / (L * D * 4));
+      std::vector<float> caches(static_cast<size_t>(copies * L * D)), q(heads * D), out(heads * C);
+      for (float& v : caches) v = dist(rng) * 0.1f;
+      for (float& v : q) v = dist(rng);
+      const int32_t len = static_cast<int32_t>(L);
+      size_t c = 0;
+      const double sec = time_per_call([&] {
+        const float* cache = caches.data() + c * L * D;
+        MlaAttentionArgs a{q.data(), 1, heads, C, R, &cache, &len, 0.04f, out.data()};
+        reinterpret_cast<MlaAttentionFn>(k->fn)(a);
+        c = (c + 1) % copies;
+      });
+      // scores: 2 flops per q.row element; output: 2 per latent element; per head, per cache row
+      const double flops = 2.0 * heads * L * (D + C), bytes = L * D * 4.0;
+      const double roof = std::min(fp32_peak, bw * flops / bytes);
+      rows.push_back({"mla_attention 16 heads, 4096 x 576 fp32 cache, T=1 (" + tt + ")", k->name, flops / sec / 1e9,
+                      roof, 100 * flops / sec / 1e9 / roof, "GFLOPS"});
+    }
+  }
+
+  if (markdown) {
+    std::printf("| measurement | kernel | achieved | roofline | %% of roofline |\n|---|---|---|---|---|\n");
+    for (const Row& r : rows)
+      std::printf("| %s | %s | %.1f %s | %.1f %s | %.0f%% |\n", r.what.c_str(), r.kernel.c_str(), r.value, r.unit,
+                  r.roofline, r.unit, r.pct);
+  } else {
+    for (const Row& r : rows)
+      std::printf("%-62s %-28s %8.1f %-6s roofline %8.1f  %5.1f%%\n", r.what.c_str(), r.kernel.c_str(), r.value,
+                  r.unit, r.roofline, r.pct);
+  }
+  return 0;
+}
