@@ -12,12 +12,12 @@ namespace {
 const std::string kMoat = std::string(MOAT_BINARY_DIR) + "/moat";
 const std::filesystem::path kRoot = MOAT_SOURCE_DIR;
 
-struct Run {
+struct CliRun {
   int exit_code;
   std::string output;  // stdout (stderr too when merge_stderr)
 };
 
-Run run(const std::string& args, bool merge_stderr = false) {
+CliRun run(const std::string& args, bool merge_stderr = false) {
   const std::string cmd = kMoat + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
   FILE* pipe = popen(cmd.c_str(), "r");
   EXPECT_NE(pipe, nullptr);
@@ -31,7 +31,7 @@ Run run(const std::string& args, bool merge_stderr = false) {
 
 TEST(Cli, ScorePrintsTopLogitsAsJson) {
   const auto dir = kRoot / "tests/golden/tiny_qlora";
-  Run r = run("score --model " + dir.string() + " --tokens 1,5,17 --top 5 --json");
+  CliRun r = run("score --model " + dir.string() + " --tokens 1,5,17 --top 5 --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto j = nlohmann::json::parse(r.output);
   EXPECT_EQ(j["tokens"], nlohmann::json::array({1, 5, 17}));
@@ -41,8 +41,8 @@ TEST(Cli, ScorePrintsTopLogitsAsJson) {
 
 TEST(Cli, ScoreAgreesAcrossBackends) {
   const auto dir = kRoot / "tests/golden/tiny_fp8";
-  Run ref = run("score --backend reference --model " + dir.string() + " --tokens 3,1,4,1,5,9,2,6 --top 3 --json");
-  Run cpu = run("score --backend cpu --model " + dir.string() + " --tokens 3,1,4,1,5,9,2,6 --top 3 --json");
+  CliRun ref = run("score --backend reference --model " + dir.string() + " --tokens 3,1,4,1,5,9,2,6 --top 3 --json");
+  CliRun cpu = run("score --backend cpu --model " + dir.string() + " --tokens 3,1,4,1,5,9,2,6 --top 3 --json");
   ASSERT_EQ(ref.exit_code, 0);
   ASSERT_EQ(cpu.exit_code, 0);
   auto a = nlohmann::json::parse(ref.output), b = nlohmann::json::parse(cpu.output);
@@ -50,20 +50,20 @@ TEST(Cli, ScoreAgreesAcrossBackends) {
 }
 
 TEST(Cli, MissingModelDirectoryIsAClearError) {
-  Run r = run("score --model /nonexistent/model --tokens 1", true);
+  CliRun r = run("score --model /nonexistent/model --tokens 1", true);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("/nonexistent/model"), std::string::npos) << r.output;
 }
 
 TEST(Cli, TokenOutsideVocabularyIsAClearError) {
-  Run r = run("score --model " + (kRoot / "tests/golden/tiny_qlora").string() + " --tokens 1,999999", true);
+  CliRun r = run("score --model " + (kRoot / "tests/golden/tiny_qlora").string() + " --tokens 1,999999", true);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("999999"), std::string::npos) << r.output;
 }
 
 TEST(Cli, GenerateWithDefaultModelPrintsTextAndSpeed) {
   if (!std::filesystem::exists(kRoot / "models/k3-nano/config.json")) GTEST_SKIP() << "models/k3-nano not shipped yet";
-  Run r = run("generate --prompt \"The\" --max-tokens 8 --temperature 0", true);
+  CliRun r = run("generate --prompt \"The\" --max-tokens 8 --temperature 0", true);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.rfind("The", 0), 0u) << r.output;
   EXPECT_NE(r.output.find("decode"), std::string::npos) << r.output;
@@ -72,7 +72,7 @@ TEST(Cli, GenerateWithDefaultModelPrintsTextAndSpeed) {
 
 TEST(Cli, GenerateRejectsPromptLongerThanContext) {
   if (!std::filesystem::exists(kRoot / "models/k3-nano/config.json")) GTEST_SKIP() << "models/k3-nano not shipped yet";
-  Run r = run("generate --prompt \"one two three four five six seven eight nine ten\" --max-context 8 --max-tokens 4", true);
+  CliRun r = run("generate --prompt \"one two three four five six seven eight nine ten\" --max-context 8 --max-tokens 4", true);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("exceeds the context"), std::string::npos) << r.output;
 }
