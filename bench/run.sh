@@ -43,8 +43,10 @@ model_benchmarks() {
   echo "for T=1 matmul and attention (GB/s of weights or cache read), and the vdpbf16ps peak for T=512"
   echo "(GFLOPS). Weight sets are cycled through >= 256 MiB so every call reads DRAM, as decode does."
   echo "Shapes are [out, in]: 2048x10944 is DeepSeek-V2-Lite's dense down projection, 1408x2048 an expert's"
-  echo "gate or up projection. MLA attention with an fp32 cache does 8 flops per cache byte at 16 heads,"
-  echo "so its roofline is compute (fp32 FMAs), not bandwidth."
+  echo "gate or up projection. MLA attention over an fp32 latent cache does ~15 flops per cache byte at"
+  echo "16 heads, so its roofline is min(fp32 FMA peak, bandwidth x 15), which is the FMA peak here."
+  echo "A bandwidth row above 100% means the kernel (4 prefetched row streams) reads memory slightly"
+  echo "faster than the plain streaming-sum probe."
   echo
   echo "$kernels"
   echo

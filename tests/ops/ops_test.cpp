@@ -134,8 +134,8 @@ TEST(OpsMatmul, EveryHostKernelMatchesReference) {
     int64_t N, K;
   };
   // odd sizes, a partial 32-lane tail, ragged fp8 blocks (130 x 300: blocks of 128 + 2 rows,
-  // 128 + 128 + 44 columns), and one real-sized slab
-  const Shape shapes[] = {{1, 1}, {5, 7}, {37, 200}, {130, 300}, {64, 2048}, {260, 129}};
+  // 128 + 128 + 44 columns), one real-sized slab, and K > 2048 (prefill blocks K by 2048)
+  const Shape shapes[] = {{1, 1}, {5, 7}, {37, 200}, {130, 300}, {64, 2048}, {260, 129}, {9, 4200}};
   for (DType dtype : {DType::F32, DType::BF16, DType::F16, DType::F8_E4M3}) {
     const OpShape shape{.weight_dtype = dtype};
     const auto kernels = host_kernels(OpId::matmul, shape);
