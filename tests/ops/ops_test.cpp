@@ -307,7 +307,7 @@ struct MlaCase {
     const int64_t D = kv_lora + rope;
     q = randn(T * heads * D, rng);
     for (int64_t t = 0; t < T; ++t) {
-      kv_len.push_back(static_cast<int32_t>(std::vector<int>{1, 3, 17, 100}[t % 4]));
+      kv_len.push_back(static_cast<int32_t>(std::vector<int>{1, 3, 17, 600}[t % 4]));  // 600: 3 chunks
       caches.push_back(randn(kv_len.back() * D, rng));
     }
     for (auto& c : caches) cache_ptrs.push_back(c.data());
@@ -481,9 +481,12 @@ TEST(OpsRegistry, CpuPicksTheFastestKernelThisCpuRuns) {
   ASSERT_TRUE(table.ok());
   for (const ResolvedOp& r : table->resolved()) {
     ASSERT_TRUE(r.resolution.usable()) << r.use;
-    if (r.op == OpId::matmul && r.shape.weight_dtype == DType::BF16 && cpu_has_isa("avx512bf16"))
+    if (r.op == OpId::matmul && r.shape.weight_dtype == DType::BF16 && cpu_has_isa("avx512bf16")) {
       EXPECT_EQ(r.resolution.kernel->name, "cpu.matmul_avx512bf16");
-    if (r.op == OpId::top_k_renorm_prob) EXPECT_EQ(r.resolution.kind, Resolution::Kind::fallback);
+    }
+    if (r.op == OpId::top_k_renorm_prob) {
+      EXPECT_EQ(r.resolution.kind, Resolution::Kind::fallback);
+    }
   }
 }
 
@@ -529,9 +532,10 @@ TEST(OpsTable, DocsOpsMdIsCurrent) {
   ASSERT_TRUE(f) << "docs/ops.md missing: run moat doctor --ops-table --out docs/ops.md";
   const std::string doc((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   const auto backends = Registry::global().compiled_backends();
-  if (std::find(backends.begin(), backends.end(), Backend::cuda) != backends.end())
+  if (std::find(backends.begin(), backends.end(), Backend::cuda) != backends.end()) {
     EXPECT_EQ(doc, ops_table_markdown(Registry::global()))
         << "docs/ops.md is stale: run moat doctor --ops-table --out docs/ops.md";
+  }
   for (const KernelEntry& k : Registry::global().all())
     EXPECT_NE(doc.find("`" + k.name + "`"), std::string::npos) << k.name << " missing from docs/ops.md";
 }
