@@ -50,6 +50,11 @@ model_benchmarks() {
   echo
   echo "$kernels"
   echo
+  echo "cpu.matmul_avx512bf16 is accurate by default: activations are split into bf16 hi + lo (two dot"
+  echo "products per weight vector) and fp8 block scales multiply fp32 partial sums, so results match fp32"
+  echo "FMAs (the golden model tests compare at 1e-3). \\`T=512 fast\\` rows round activations to bf16 once"
+  echo "(cpu_avx512bf16::set_split_max_tokens; normalized error ~4e-3): twice the dot-product rate."
+  echo
   echo "Prefill GEMM: moat uses its own AVX-512 BF16 kernel (cpu.matmul_avx512bf16) for T > 1 too;"
   echo "oneDNN and OpenBLAS are not linked. DESIGN.md's toolchain facts: oneDNN 2.6 bf16 2048^3 reaches"
   echo "~200 GFLOPS with 2 threads on a busy machine and Debian's OpenBLAS has no sbgemm, so the"

@@ -4,7 +4,8 @@
 // 4/8/16/32 directly and 1/12 through PadHeads; sampling rows with ties.
 //
 // Error measure: normalized error = max|out - ref| / max|ref|. Tolerances:
-//   kExact   1e-5  fp32 arithmetic in a different order than the reference's double sums
+//   kExact   1e-5  fp32 arithmetic in a different order than the reference's double sums (and
+//                  cpu.matmul_avx512bf16 up to 16 tokens, where x is split into bf16 hi + lo)
 //   kBf16Dot 1e-2  kernels that round activations to bf16 (8 significant bits) before the dot
 // A kernel the running CPU cannot execute is reported as "not supported here" (with its reasons)
 // and skipped, never silently passed.
@@ -15,12 +16,14 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "base/dtype.h"
 #include "base/weight.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "ops/dispatch.h"
 #include "ops/ops_table.h"
 #include "ops/registry.h"
@@ -78,6 +81,14 @@ const KernelEntry* reference_kernel(OpId op) {
 
 double tolerance_for(const KernelEntry* k) {
   return k->name.find("bf16") != std::string::npos ? kBf16Dot : kExact;
+}
+
+// cpu.matmul_avx512bf16 splits x into bf16 hi + lo and applies fp8 scales in fp32 (fp32-accurate)
+// unless fast prefill is on for T > split_max; f16 weights always round to bf16.
+double matmul_tolerance(const KernelEntry* k, DType dtype, int64_t T, int64_t split_max) {
+  if (k->name != "cpu.matmul_avx512bf16") return tolerance_for(k);
+  if (T > split_max || dtype == DType::F16) return kBf16Dot;
+  return kExact;
 }
 
 // ---- weights in every stored dtype -------------------------------------------------------------
@@ -146,12 +157,16 @@ TEST(OpsMatmul, EveryHostKernelMatchesReference) {
         const auto x = randn(static_cast<size_t>(T * s.K), rng);
         std::vector<float> ref(static_cast<size_t>(T * s.N));
         fn_of<MatmulFn>(kernels[0])(x.data(), T, tw.w, ref.data());
-        for (const KernelEntry* k : kernels) {
-          std::vector<float> out(ref.size(), NAN);
-          fn_of<MatmulFn>(k)(x.data(), T, tw.w, out.data());
-          EXPECT_LE(normalized_error(out, ref), tolerance_for(k))
-              << k->name << " " << dtype_name(dtype) << " N=" << s.N << " K=" << s.K << " T=" << T;
-        }
+        for (const KernelEntry* k : kernels)
+          for (int64_t split_max : {std::numeric_limits<int64_t>::max(), int64_t{16}}) {  // accurate, fast prefill
+            if (k->name == "cpu.matmul_avx512bf16") cpu_avx512bf16::set_split_max_tokens(split_max);
+            std::vector<float> out(ref.size(), NAN);
+            fn_of<MatmulFn>(k)(x.data(), T, tw.w, out.data());
+            EXPECT_LE(normalized_error(out, ref), matmul_tolerance(k, dtype, T, split_max))
+                << k->name << " " << dtype_name(dtype) << " N=" << s.N << " K=" << s.K << " T=" << T
+                << " split_max=" << split_max;
+          }
+        cpu_avx512bf16::set_split_max_tokens(std::numeric_limits<int64_t>::max());
       }
     }
   }

@@ -9,6 +9,10 @@ namespace moat::ops {
 // AVX-512 BF16 matmul for bf16 / f16 / fp8-block weights (matmul_avx512bf16.cpp).
 namespace cpu_avx512bf16 {
 void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y);
+// Calls with more than max_tokens tokens round the activations to bf16 once (fast prefill,
+// normalized error ~4e-3) instead of splitting them into bf16 hi + lo (fp32-accurate). Default:
+// never (always accurate). Values below 16 are raised to 16: decode stays accurate.
+void set_split_max_tokens(int64_t max_tokens);
 }
 
 // The portable-vector kernels (cpu_generic.inc), one copy per ISA.

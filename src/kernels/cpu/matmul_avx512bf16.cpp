@@ -2,22 +2,28 @@
 // decode time is made of. y[T, N] = x[T, K] . W[N, K]^T for W in bf16, f16 or fp8 e4m3 with block
 // scales.
 //
-// - The fp32 activations are rounded to bf16 once per call (x_bf16: [T, Kp], Kp = K rounded up to
-//   32, zero padded), so the inner loop is one vdpbf16ps per 32 weights and token (fp32 accumulate).
+// - The fp32 activations are converted to bf16 once per call (x_bf16: [T, Kp], Kp = K rounded up
+//   to 64, zero padded), so the inner loop is vdpbf16ps (fp32 accumulate). By default x is split
+//   into bf16 hi + lo and each weight vector takes two dot products: as accurate as fp32 FMAs
+//   (the golden model tests compare at 1e-3). set_split_max_tokens(n) opts calls with more than
+//   n tokens (prefill, compute-bound) into rounding x to bf16 once: twice the dot-product rate,
+//   normalized error ~4e-3.
 // - W streams from memory exactly once per call: each task owns a range of 4-row groups, walks it
 //   in chunks of rows that stay in L2 (~128 KiB), and runs every token against a chunk before the
 //   next; the microkernel keeps 4 rows x up to 4 tokens of accumulators in registers.
-// - fp8 at T <= 2 (decode): weights are decoded in registers (exact e4m3 -> bf16 by two vpermt2b
+// - fp8 (accurate mode, the default): weights are decoded in registers (exact e4m3 -> bf16 by two vpermt2b
 //   byte-table lookups per 64 codes) and the 128x128 block scale multiplies the fp32 partial sum
 //   once per block.
-//   fp8 and f16 at T >= 3 (prefill): a chunk of rows is dequantized once to bf16 (scale folded in)
-//   and reused by all tokens, so decode cost is amortized.
+//   fp8 in fast-prefill calls, and f16 always: a chunk of rows is dequantized once to bf16 (scale
+//   folded in, one more bf16 rounding) and reused by all tokens, so decode cost is amortized.
 // Compiled with a per-region target pragma (no global -march); usable only where the CPU has
 // AVX-512 BF16 and VBMI (Constraints::cpu_isa "avx512bf16": Zen4, Sapphire Rapids and later).
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "base/check.h"
@@ -34,21 +40,37 @@ namespace moat::ops::cpu_avx512bf16 {
 namespace {
 
 constexpr int64_t kChunkBytes = 128 * 1024;  // weight rows kept in L2 while tokens sweep them
+constexpr int64_t kMinSplitTokens = 16;      // decode-sized calls always take the accurate path
+std::atomic<int64_t> g_split_max_tokens{std::numeric_limits<int64_t>::max()};
 
 inline __mmask32 tail_mask(int64_t n) { return n >= 32 ? ~0u : static_cast<__mmask32>((1u << n) - 1u); }
 
-// x[T, K] fp32 -> xb[T, Kp] bf16 (round to nearest even), zero padded to Kp.
-void convert_x(const float* x, int64_t T, int64_t K, int64_t Kp, uint16_t* xb) {
+// x[T, K] fp32 -> xb[T, Kp] bf16 (round to nearest even), zero padded to Kp. With xl, also the
+// residual xl = bf16(x - xb): hi + lo carries 16 significant bits, and bf16 x bf16 products are
+// exact in vdpbf16ps's fp32 accumulator, so the split costs a second dot product and keeps the
+// result as accurate as an fp32 GEMV.
+void convert_x(const float* x, int64_t T, int64_t K, int64_t Kp, uint16_t* xb, uint16_t* xl) {
+  const __m512i round_bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+  const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  // x rounded to bf16 (RNE), as an fp32 value
+  auto round_bf16 = [&](__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(round_bias, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
+    return _mm512_castsi512_ps(_mm512_and_si512(r, hi_mask));
+  };
   for (int64_t t = 0; t < T; ++t) {
     const float* xr = x + t * K;
-    uint16_t* dst = xb + t * Kp;
     for (int64_t k = 0; k < Kp; k += 32) {
       const int64_t n = std::max<int64_t>(0, std::min<int64_t>(32, K - k));
       const __mmask16 m0 = static_cast<__mmask16>(tail_mask(std::min<int64_t>(n, 16)));
       const __mmask16 m1 = static_cast<__mmask16>(tail_mask(std::max<int64_t>(0, n - 16)));
       const __m512 lo = _mm512_maskz_loadu_ps(m0, xr + k);
       const __m512 hi = _mm512_maskz_loadu_ps(m1, xr + k + 16);
-      _mm512_storeu_si512(dst + k, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+      _mm512_storeu_si512(xb + t * Kp + k, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+      if (xl) {
+        const __m512 rlo = _mm512_sub_ps(lo, round_bf16(lo)), rhi = _mm512_sub_ps(hi, round_bf16(hi));
+        _mm512_storeu_si512(xl + t * Kp + k, (__m512i)_mm512_cvtne2ps_pbh(rhi, rlo));
+      }
     }
   }
 }
@@ -111,9 +133,10 @@ inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 
 // acc[r][t] over K for NR weight rows (bf16, row stride ws) x NT tokens (xb rows, stride Kp);
 // writes y[t * N + r].
-template <int NR, int NT>
-void tile_bf16(const uint16_t* w, int64_t ws, const uint16_t* xb, int64_t Kp, int64_t K, float* y, int64_t N,
-               bool accumulate) {
+// kSplit: x is hi + lo (xb and xb + lo_off), two dot products per weight vector.
+template <int NR, int NT, bool kSplit>
+void tile_bf16(const uint16_t* w, int64_t ws, const uint16_t* xb, int64_t lo_off, int64_t Kp, int64_t K, float* y,
+               int64_t N, bool accumulate) {
   __m512 acc[NR][NT];
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
@@ -130,6 +153,10 @@ void tile_bf16(const uint16_t* w, int64_t ws, const uint16_t* xb, int64_t Kp, in
     for (int t = 0; t < NT; ++t) {
       const __m512i xv = _mm512_loadu_si512(xb + t * Kp + k);
       for (int r = 0; r < NR; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv);
+      if constexpr (kSplit) {
+        const __m512i xl = _mm512_loadu_si512(xb + lo_off + t * Kp + k);
+        for (int r = 0; r < NR; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xl);
+      }
     }
   }
   if (k < K) {  // ragged K: masked weight loads (x is zero padded to Kp)
@@ -139,6 +166,10 @@ void tile_bf16(const uint16_t* w, int64_t ws, const uint16_t* xb, int64_t Kp, in
     for (int t = 0; t < NT; ++t) {
       const __m512i xv = _mm512_loadu_si512(xb + t * Kp + k);
       for (int r = 0; r < NR; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv);
+      if constexpr (kSplit) {
+        const __m512i xl = _mm512_loadu_si512(xb + lo_off + t * Kp + k);
+        for (int r = 0; r < NR; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xl);
+      }
     }
   }
   for (int t = 0; t < NT; ++t) {
@@ -153,19 +184,21 @@ void tile_bf16(const uint16_t* w, int64_t ws, const uint16_t* xb, int64_t Kp, in
   }
 }
 
-using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t, bool);
-template <int NR>
-constexpr TileFn kTileRow[4] = {&tile_bf16<NR, 1>, &tile_bf16<NR, 2>, &tile_bf16<NR, 3>, &tile_bf16<NR, 4>};
-constexpr const TileFn* kTiles[4] = {kTileRow<1>, kTileRow<2>, kTileRow<3>, kTileRow<4>};
+using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, int64_t, float*, int64_t, bool);
+template <int NR, bool S>
+constexpr TileFn kTileRow[4] = {&tile_bf16<NR, 1, S>, &tile_bf16<NR, 2, S>, &tile_bf16<NR, 3, S>, &tile_bf16<NR, 4, S>};
+constexpr const TileFn* kTiles[2][4] = {{kTileRow<1, false>, kTileRow<2, false>, kTileRow<3, false>, kTileRow<4, false>},
+                                        {kTileRow<1, true>, kTileRow<2, true>, kTileRow<3, true>, kTileRow<4, true>}};
 
 // All T tokens against `rows` bf16 weight rows (row stride ws); y points at column n0 of row 0.
-void run_rows(const uint16_t* w, int64_t ws, int64_t rows, const uint16_t* xb, int64_t T, int64_t Kp,
+// lo_off > 0: x is split hi/lo (convert_x), at xb and xb + lo_off.
+void run_rows(const uint16_t* w, int64_t ws, int64_t rows, const uint16_t* xb, int64_t lo_off, int64_t T, int64_t Kp,
               int64_t K, float* y, int64_t N, bool accumulate) {
   for (int64_t t0 = 0; t0 < T; t0 += 4) {
     const int64_t nt = std::min<int64_t>(4, T - t0);
     for (int64_t r0 = 0; r0 < rows; r0 += 4) {
       const int64_t nr = std::min<int64_t>(4, rows - r0);
-      kTiles[nr - 1][nt - 1](w + r0 * ws, ws, xb + t0 * Kp, Kp, K, y + t0 * N + r0, N, accumulate);
+      kTiles[lo_off > 0][nr - 1][nt - 1](w + r0 * ws, ws, xb + t0 * Kp, lo_off, Kp, K, y + t0 * N + r0, N, accumulate);
     }
   }
 }
@@ -173,8 +206,8 @@ void run_rows(const uint16_t* w, int64_t ws, int64_t rows, const uint16_t* xb, i
 // fp8 rows [n0, n0 + NR) decoded in registers, NT <= 2 tokens (xp in lane-split order); the
 // block scale multiplies each block's fp32 partial sum once (looked up per row: a 4-row group can
 // straddle scale blocks when block_out is not a multiple of 4).
-template <int NR, int NT>
-void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xp, int64_t Kp, float* y, int64_t N,
+template <int NR, int NT, bool kSplit>
+void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xp, int64_t lo_off, int64_t Kp, float* y, int64_t N,
               const Fp8Tables& tables) {
   const int64_t K = w.in_features, bi = w.block_in;
   const uint8_t* rows = static_cast<const uint8_t*>(w.data) + n0 * K;
@@ -201,6 +234,14 @@ void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xp, int64_t Kp,
           acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wa[r], (__m512bh)xa);
           acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wb[r], (__m512bh)xb);
         }
+        if constexpr (kSplit) {
+          const __m512i la = _mm512_loadu_si512(xp + lo_off + t * Kp + k),
+                        lb = _mm512_loadu_si512(xp + lo_off + t * Kp + k + 32);
+          for (int r = 0; r < NR; ++r) {
+            acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wa[r], (__m512bh)la);
+            acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wb[r], (__m512bh)lb);
+          }
+        }
       }
     }
     for (int r = 0; r < NR; ++r) {
@@ -217,11 +258,12 @@ void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xp, int64_t Kp,
   }
 }
 
-using Fp8TileFn = void (*)(const WeightMatrix&, int64_t, const uint16_t*, int64_t, float*, int64_t,
+using Fp8TileFn = void (*)(const WeightMatrix&, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t,
                            const Fp8Tables&);
-template <int NR>
-constexpr Fp8TileFn kFp8Row[2] = {&tile_fp8<NR, 1>, &tile_fp8<NR, 2>};
-constexpr const Fp8TileFn* kFp8Tiles[4] = {kFp8Row<1>, kFp8Row<2>, kFp8Row<3>, kFp8Row<4>};
+template <int NR, bool S>
+constexpr Fp8TileFn kFp8Row[2] = {&tile_fp8<NR, 1, S>, &tile_fp8<NR, 2, S>};
+constexpr const Fp8TileFn* kFp8Tiles[2][4] = {{kFp8Row<1, false>, kFp8Row<2, false>, kFp8Row<3, false>, kFp8Row<4, false>},
+                                              {kFp8Row<1, true>, kFp8Row<2, true>, kFp8Row<3, true>, kFp8Row<4, true>}};
 
 // Dequantizes rows [n0, n0 + rows) x columns [k0, k0 + width) of an fp8 or f16 matrix into
 // dst[rows, width] bf16 (block scale folded in, zero past K), for prefill where every token
@@ -261,6 +303,10 @@ void dequantize_rows(const WeightMatrix& w, int64_t n0, int64_t rows, int64_t k0
 
 }  // namespace
 
+void set_split_max_tokens(int64_t max_tokens) {
+  g_split_max_tokens.store(std::max<int64_t>(max_tokens, kMinSplitTokens), std::memory_order_relaxed);
+}
+
 void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y) {
   const int64_t N = w.out_features, K = w.in_features;
   const int64_t Kp = (K + 63) / 64 * 64;  // x rows padded with zeros to whole 64-blocks
@@ -268,21 +314,27 @@ void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y) {
              "cpu.matmul_avx512bf16: weight dtype {}", dtype_name(w.dtype));
   MOAT_CHECK(w.dtype != DType::F8_E4M3 || w.block_in % 64 == 0,
              "cpu.matmul_avx512bf16: fp8 block_in {} must be a multiple of 64", w.block_in);
-  thread_local std::vector<uint16_t> xb_buf;
-  xb_buf.resize(static_cast<size_t>(T * Kp));
-  convert_x(x, T, K, Kp, xb_buf.data());
+  // x is split into bf16 hi + lo (as accurate as fp32 FMAs) unless T exceeds the fast-prefill
+  // threshold (set_split_max_tokens), where it is rounded to bf16 once for twice the rate.
+  const bool split = T <= g_split_max_tokens.load(std::memory_order_relaxed);
+  thread_local std::vector<uint16_t> xb_buf;  // [T, Kp] hi, then [T, Kp] lo when split
+  xb_buf.resize(static_cast<size_t>((split ? 2 : 1) * T * Kp));
+  convert_x(x, T, K, Kp, xb_buf.data(), split ? xb_buf.data() + T * Kp : nullptr);
   const uint16_t* xb = xb_buf.data();
+  const int64_t lo_off = split ? T * Kp : 0;
   // Prefill blocks K so that a 4-token x tile (4 x 2048 bf16 = 16 KiB) stays in L1 and a chunk of
   // rows x 2048 stays in L2 while all T tokens sweep it; otherwise each 4-row chunk of a wide
   // matrix (K = 10944) would stream all of x again. Decode (T <= 4) reads whole rows.
   const int64_t Kb = T <= 4 ? Kp : std::min<int64_t>(Kp, 2048);
   const int64_t chunk_rows = std::clamp<int64_t>(kChunkBytes / (2 * Kb) / 4 * 4, 4, 128);
-  const bool fp8_direct = w.dtype == DType::F8_E4M3 && T <= 2;
+  // fp8, accurate mode: weights decoded in registers, block scale on fp32 partial sums (exact).
+  // Fast prefill: chunks dequantized once to bf16 with the scale folded in (W * scale rounded).
+  const bool fp8_direct = w.dtype == DType::F8_E4M3 && split;
   static const Fp8Tables tables = fp8_tables();  // built once: ~6 us, a few % of a decode call
-  thread_local std::vector<uint16_t> xp_buf;  // [T, Kp] lane-split order, fp8 decode path only
+  thread_local std::vector<uint16_t> xp_buf;  // [2, T, Kp] hi/lo in lane-split order, fp8 decode only
   if (fp8_direct) {
-    xp_buf.resize(static_cast<size_t>(T * Kp));
-    permute_x64(xb, T, Kp, xp_buf.data());
+    xp_buf.resize(static_cast<size_t>(2 * T * Kp));
+    permute_x64(xb, 2 * T, Kp, xp_buf.data());
   }
   const uint16_t* xp = xp_buf.data();
   const int64_t groups = (N + 3) / 4;
@@ -295,19 +347,20 @@ void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y) {
         for (int64_t r0 = 0; r0 < rows; r0 += 4) {
           const int64_t nr = std::min<int64_t>(4, rows - r0);
           for (int64_t t = 0; t < T; t += 2)
-            kFp8Tiles[nr - 1][std::min<int64_t>(2, T - t) - 1](w, n0 + r0, xp + t * Kp, Kp,
-                                                                y + t * N + n0 + r0, N, tables);
+            kFp8Tiles[1][nr - 1][std::min<int64_t>(2, T - t) - 1](w, n0 + r0, xp + t * Kp, lo_off, Kp,
+                                                                   y + t * N + n0 + r0, N, tables);
         }
         continue;
       }
       for (int64_t kb = 0; kb < K; kb += Kb) {
         const int64_t kn = std::min(Kb, K - kb);
         if (w.dtype == DType::BF16) {
-          run_rows(static_cast<const uint16_t*>(w.data) + n0 * K + kb, K, rows, xb + kb, T, Kp, kn, y + n0, N, kb > 0);
+          run_rows(static_cast<const uint16_t*>(w.data) + n0 * K + kb, K, rows, xb + kb, lo_off, T, Kp, kn, y + n0, N,
+                   kb > 0);
         } else {
           scratch.resize(static_cast<size_t>(chunk_rows * Kb));
           dequantize_rows(w, n0, rows, kb, Kb, scratch.data());
-          run_rows(scratch.data(), Kb, rows, xb + kb, T, Kp, kn, y + n0, N, kb > 0);
+          run_rows(scratch.data(), Kb, rows, xb + kb, lo_off, T, Kp, kn, y + n0, N, kb > 0);
         }
       }
     }
