@@ -1,5 +1,9 @@
 #include "ops/dispatch.h"
 
+#include <limits>
+
+#include "kernels/cpu/cpu_kernels.h"
+
 #include <cstring>
 #include <vector>
 
@@ -8,6 +12,10 @@
 #endif
 
 namespace moat::ops {
+
+void set_fast_prefill(bool fast) {
+  cpu_avx512bf16::set_split_max_tokens(fast ? 16 : std::numeric_limits<int64_t>::max());
+}
 
 Result<Backend> parse_backend(std::string_view name) {
   for (int i = 0; i < static_cast<int>(kBackendNames.size()); ++i)

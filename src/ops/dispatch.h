@@ -90,6 +90,12 @@ class OpTable {
   ArgmaxFn argmax_ = nullptr;
 };
 
+// Precision of prefill matmuls (calls with more than 16 tokens). Accurate (default): activations
+// keep fp32 accuracy (bf16 hi + lo on AVX-512 BF16), matching the reference within the golden
+// tolerance. Fast: activations are rounded to bf16 once, twice the dot-product rate, ~4e-3
+// normalized error. Decode (few tokens per call) is always accurate. Process-wide.
+void set_fast_prefill(bool fast);
+
 // Parses "reference" / "cpu" / "cuda".
 Result<Backend> parse_backend(std::string_view name);
 
