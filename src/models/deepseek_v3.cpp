@@ -331,24 +331,35 @@ void DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t T, float* o
   }
 }
 
-int64_t DeepseekModel::active_weight_bytes_per_token() const {
-  int64_t bytes = embed_tokens_.in_features * static_cast<int64_t>(dtype_size(embed_tokens_.dtype)) + lm_head_.bytes();
+DeepseekModel::ActiveWeights DeepseekModel::active_weights_per_token() const {
+  ActiveWeights a;
+  auto add = [&a](const WeightMatrix& m, int64_t times = 1) {
+    a.bytes += times * m.bytes();
+    a.params += times * m.out_features * m.in_features;
+  };
+  a.bytes += embed_tokens_.in_features * static_cast<int64_t>(dtype_size(embed_tokens_.dtype));
+  add(lm_head_);
   for (const LayerWeights& L : layers_) {
     const MlaWeights& A = L.attn;
-    for (const auto* m : {A.q_a_proj ? &*A.q_a_proj : nullptr, A.q_b_proj ? &*A.q_b_proj : nullptr,
-                          A.q_proj ? &*A.q_proj : nullptr, &A.kv_a_proj_with_mqa, &A.o_proj})
-      if (m) bytes += m->bytes();
-    for (const auto& m : A.w_uk_t) bytes += m.bytes();
-    for (const auto& m : A.w_uv) bytes += m.bytes();
-    auto mlp_bytes = [](const MlpWeights& m) { return m.gate_proj.bytes() + m.up_proj.bytes() + m.down_proj.bytes(); };
-    if (L.dense_mlp) bytes += mlp_bytes(*L.dense_mlp);
+    for (const auto& m : {A.q_a_proj, A.q_b_proj, A.q_proj})
+      if (m) add(*m);
+    add(A.kv_a_proj_with_mqa);
+    add(A.o_proj);
+    for (const auto& m : A.w_uk_t) add(m);
+    for (const auto& m : A.w_uv) add(m);
+    auto add_mlp = [&](const MlpWeights& m, int64_t times) {
+      add(m.gate_proj, times);
+      add(m.up_proj, times);
+      add(m.down_proj, times);
+    };
+    if (L.dense_mlp) add_mlp(*L.dense_mlp, 1);
     if (L.moe) {
-      bytes += L.moe->gate.bytes();
-      if (L.moe->shared) bytes += mlp_bytes(*L.moe->shared);
-      if (!L.moe->experts.empty()) bytes += config_.num_experts_per_tok * mlp_bytes(L.moe->experts.front());
+      add(L.moe->gate);
+      if (L.moe->shared) add_mlp(*L.moe->shared, 1);
+      if (!L.moe->experts.empty()) add_mlp(L.moe->experts.front(), config_.num_experts_per_tok);
     }
   }
-  return bytes;
+  return a;
 }
 
 }  // namespace moat

@@ -78,8 +78,13 @@ class DeepseekModel {
   const ModelConfig& config() const { return config_; }
   const ops::OpTable& ops() const { return ops_; }
   int64_t max_context() const { return options_.max_context; }
-  // Bytes of weights one decode token streams (active experts only), for rooflines.
-  int64_t active_weight_bytes_per_token() const;
+  // Weights one decode token streams (active experts only, plus the embedding row), for
+  // rooflines: bytes read from memory and parameters multiplied (2 FLOPs each).
+  struct ActiveWeights {
+    int64_t bytes = 0;
+    int64_t params = 0;
+  };
+  ActiveWeights active_weights_per_token() const;
   const Checkpoint& checkpoint() const { return *checkpoint_; }
 
   std::unique_ptr<LatentCache> new_cache(int64_t capacity) const {

@@ -12,6 +12,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <dlfcn.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -140,10 +142,44 @@ __global__ void dequant_kernel(const void* data, int is_fp8, const float* scale_
   out[i] = __float2bfloat16_rn(v);
 }
 
+// cuBLAS is opened on first use rather than linked: libcublasLt alone maps hundreds of MB at
+// process start, which every CPU-only run of moat would pay in RSS (the kernel issue's memory
+// target is checkpoint + KV pool, nothing else).
+struct CublasApi {
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasSgemm_v2) sgemm = nullptr;
+  // Spelled out: cublasGemmEx is overloaded in C++, so decltype cannot name it.
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                            const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
+                            cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+};
+
+const CublasApi& cublas_api() {
+  static const CublasApi api = [] {
+    void* lib = nullptr;
+    for (const char* name : {"libcublas.so.13", "libcublas.so.12", "libcublas.so"})
+      if ((lib = dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
+    if (!lib) {
+      std::fprintf(stderr, "moat: the cuda backend needs cuBLAS (libcublas.so.13): %s\n", dlerror());
+      std::abort();
+    }
+    CublasApi a;
+    a.create = reinterpret_cast<decltype(a.create)>(dlsym(lib, "cublasCreate_v2"));
+    a.sgemm = reinterpret_cast<decltype(a.sgemm)>(dlsym(lib, "cublasSgemm_v2"));
+    a.gemm_ex = reinterpret_cast<decltype(a.gemm_ex)>(dlsym(lib, "cublasGemmEx"));
+    if (!a.create || !a.sgemm || !a.gemm_ex) {
+      std::fprintf(stderr, "moat: libcublas lacks cublasCreate_v2/cublasSgemm_v2/cublasGemmEx\n");
+      std::abort();
+    }
+    return a;
+  }();
+  return api;
+}
+
 cublasHandle_t cublas() {
   static cublasHandle_t handle = [] {
     cublasHandle_t h;
-    MOAT_CUBLAS_OK(cublasCreate(&h));
+    MOAT_CUBLAS_OK(cublas_api().create(&h));
     return h;
   }();
   return handle;
@@ -498,7 +534,7 @@ void matmul_cublas(const float* x, int64_t T, const WeightMatrix& w, float* y) {
   const float alpha = 1.0f, beta = 0.0f;
   // Row-major y[T, N] = x[T, K] . W[N, K]^T is column-major y^T[N, T] = W^T(op T on [K, N]) . x^T.
   if (w.dtype == DType::F32) {
-    MOAT_CUBLAS_OK(cublasSgemm(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, static_cast<const float*>(w.data),
+    MOAT_CUBLAS_OK(cublas_api().sgemm(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, static_cast<const float*>(w.data),
                                K, x, K, &beta, y, N));
     return;
   }
@@ -514,7 +550,7 @@ void matmul_cublas(const float* x, int64_t T, const WeightMatrix& w, float* y) {
     LAUNCH_CHECK();
     wb = deq;
   }
-  MOAT_CUBLAS_OK(cublasGemmEx(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, wb, CUDA_R_16BF, K, xb, CUDA_R_16BF,
+  MOAT_CUBLAS_OK(cublas_api().gemm_ex(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, wb, CUDA_R_16BF, K, xb, CUDA_R_16BF,
                               K, &beta, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
