@@ -119,9 +119,9 @@ def main():
         "files_mb": {k: sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d)) / 1e6
                      for k, d in (("target", a.target), ("draft", a.draft))},
     }
-    for prompt in PROMPTS:
+    for pi, prompt in enumerate(PROMPTS):
         ids = [bos] + tok.encode(prompt)
-        for temp, seed in ((0.0, 0), (0.8, 1)):
+        for temp, seed in ((0.0, 0), (0.8, 1 + pi)):
             out = generate(target, ids, a.gen_tokens, temp, seed, eos)
             res["samples"].append({"model": "k3-nano", "prompt": prompt, "temperature": temp, "seed": seed,
                                    "text": tok.decode(out), "tokens": out})
@@ -160,7 +160,7 @@ def write_readme(path, r, tc, dc):
     wall = ""
     if tr.get("target_min"):
         wall = "Measured wall time: target %.1f min, draft %.1f min (total %.1f min, including data preparation), " \
-               "one thread, on a 2-core VM shared with C++ builds (throughput %s tok/s)." % (
+               "one thread, on a 2-core VM shared with C++ builds (mean training throughput %s tok/s; the draft's includes the teacher forward).\n" % (
                    tr.get("target_min", 0), tr.get("draft_min", 0), tr.get("total_min", 0),
                    ", ".join("%s %s" % kv for kv in tr.get("tok_s", {}).items()))
     txt = f"""# Shipped models
@@ -195,11 +195,16 @@ Golden logits for both: tests/golden/k3_nano, tests/golden/k3_nano_draft.
 
 {samples}
 
+The sampled token ids are in models/eval.json: moat's greedy output for the same prompt (with the
+`<|bos|>` that tokenizer_config's add_bos_token asks for) should match them token for token.
+
 ## Corpus and license
 
 The fortune cookie databases shipped by the Debian packages **fortunes-min** and **fortunes**
 (source package fortune-mod 1:1.99.1; /usr/share/games/fortunes/*, every file except
-`ascii-art`), BSD license (see /usr/share/doc/fortunes/copyright). The `%` separators are
+`ascii-art`). Debian's copyright file for these packages (/usr/share/doc/fortunes/copyright)
+gives the BSD license of fortune-mod (Regents of the University of California); the cookie files
+are collections of short quotations from many authors, distributed by Debian under that file. The `%` separators are
 stripped, each quote is one document (exact duplicates dropped), framed as `<|bos|> text <|eos|>`.
 Validation split: documents with md5(text) mod 20 == 0 (5%, deterministic): {r['val_tokens']:,} tokens.
 
@@ -221,7 +226,8 @@ Training: target first with next-token cross-entropy; the draft second, distille
 (0.5 CE + 0.5 KL(target || draft)). AdamW (0.9, 0.95), weight decay 0.1, warm-up then cosine decay,
 bf16 autocast, residual dropout 0.1, std 0.02 init; noaux_tc expert balance through the
 `e_score_correction_bias` update (aux-loss-free). The weights with the best validation loss are
-exported. Deterministic given the seed on one thread.
+exported. Deterministic given the seed on one thread (a resumed run is not bit-identical: the dropout
+RNG state is not saved).
 """
     with open(path, "w") as f:
         f.write(txt)
