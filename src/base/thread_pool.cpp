@@ -1,13 +1,24 @@
 #include "base/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define MOAT_CPU_RELAX() _mm_pause()
+#else
+#define MOAT_CPU_RELAX() std::this_thread::yield()
+#endif
 
 namespace moat {
 
 namespace {
 thread_local bool t_inside_pool = false;
-}
+// How long an idle worker spins before sleeping: longer than the gap between the kernels of one
+// decode step, far shorter than the gap between requests.
+constexpr auto kSpinBudget = std::chrono::microseconds(200);
+}  // namespace
 
 ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {
   for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
@@ -15,10 +26,10 @@ ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads))
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
+    std::lock_guard<std::mutex> lock(sleep_mutex_);
+    stop_.store(true);
   }
-  start_cv_.notify_all();
+  wake_cv_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
@@ -32,17 +43,28 @@ void ThreadPool::worker_loop(int index) {
   t_inside_pool = true;
   uint64_t seen = 0;
   for (;;) {
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
+    uint64_t current = generation_.load(std::memory_order_acquire);
+    if (current == seen && !stop_.load(std::memory_order_relaxed)) {
+      const auto spin_until = std::chrono::steady_clock::now() + kSpinBudget;
+      for (int i = 0; (current = generation_.load(std::memory_order_acquire)) == seen; ++i) {
+        if (stop_.load(std::memory_order_relaxed)) break;
+        MOAT_CPU_RELAX();
+        if ((i & 63) == 63 && std::chrono::steady_clock::now() > spin_until) {
+          // Dekker pairing with parallel_for: we bump sleepers_ then re-read generation_, it bumps
+          // generation_ then reads sleepers_ (both seq_cst), so one of us sees the other.
+          std::unique_lock<std::mutex> lock(sleep_mutex_);
+          sleepers_.fetch_add(1);
+          wake_cv_.wait(lock, [&] { return generation_.load() != seen || stop_.load(); });
+          sleepers_.fetch_sub(1);
+          current = generation_.load(std::memory_order_acquire);
+          break;
+        }
+      }
     }
+    if (stop_.load()) return;
+    seen = current;
     if (index < job_chunks_) run_chunk(index);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (--pending_ == 0) done_cv_.notify_one();
-    }
+    pending_.fetch_sub(1, std::memory_order_release);
   }
 }
 
@@ -55,20 +77,20 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     fn(0, n);
     return;
   }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    job_ = &fn;
-    job_n_ = n;
-    job_chunks_ = chunks;
-    pending_ = num_threads_ - 1;
-    ++generation_;
+  std::lock_guard<std::mutex> caller_lock(caller_mutex_);
+  job_ = &fn;
+  job_n_ = n;
+  job_chunks_ = chunks;
+  pending_.store(num_threads_ - 1, std::memory_order_relaxed);
+  generation_.fetch_add(1);  // seq_cst: publishes the job and pairs with sleepers_ below
+  if (sleepers_.load() > 0) {
+    std::lock_guard<std::mutex> lock(sleep_mutex_);
+    wake_cv_.notify_all();
   }
-  start_cv_.notify_all();
   t_inside_pool = true;
   run_chunk(0);
   t_inside_pool = false;
-  std::unique_lock<std::mutex> lock(mutex_);
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  while (pending_.load(std::memory_order_acquire) != 0) MOAT_CPU_RELAX();
   job_ = nullptr;
 }
 

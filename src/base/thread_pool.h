@@ -1,7 +1,12 @@
 // The one thread pool. Kernels split work with parallel_for; the calling thread takes part, so a
 // pool of N threads runs N-1 workers. Nested parallel_for calls run serially on the caller.
+//
+// Decode issues a few hundred parallel_for calls per token, each only tens of microseconds long,
+// so dispatch latency matters: workers spin briefly on an atomic generation counter before
+// sleeping on a condition variable, and the caller spins for the (short) tail of the others.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -29,15 +34,16 @@ class ThreadPool {
 
   int num_threads_;
   std::vector<std::thread> workers_;
-  std::mutex mutex_;
-  std::condition_variable start_cv_;
-  std::condition_variable done_cv_;
+  std::mutex caller_mutex_;  // one job at a time, whichever thread submits it
+  std::mutex sleep_mutex_;
+  std::condition_variable wake_cv_;
+  std::atomic<uint64_t> generation_{0};  // bumped once per job; publishes the job fields below
+  std::atomic<int> pending_{0};          // workers still inside the current job
+  std::atomic<int> sleepers_{0};
+  std::atomic<bool> stop_{false};
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t job_n_ = 0;
   int job_chunks_ = 0;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
 };
 
 // The process-wide pool. Size it once at startup (CLI --threads); defaults to hardware threads.

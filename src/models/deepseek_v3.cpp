@@ -162,9 +162,13 @@ void DeepseekModel::reserve(int64_t T) {
   grow(head_out_, heads * T * std::max(c.kv_lora_rank, c.v_head_dim));
   grow(mlp_gate_, T * inter);
   grow(mlp_up_, T * inter);
-  grow(moe_out_, T * H);
-  grow(expert_in_, T * H);
-  grow(expert_out_, T * H);
+  const int64_t routed_rows = T * std::max<int64_t>(1, c.num_experts_per_tok);
+  grow(expert_in_, routed_rows * H);
+  grow(expert_out_, routed_rows * H);
+  grow(expert_gate_, routed_rows * c.moe_intermediate_size);
+  grow(expert_up_, routed_rows * c.moe_intermediate_size);
+  routed_token_.resize(static_cast<size_t>(routed_rows));
+  routed_weight_.resize(static_cast<size_t>(routed_rows));
   grow(router_logits_, T * std::max<int64_t>(1, c.n_routed_experts));
   grow(logits_in_, T * H);
   topk_ids_.resize(static_cast<size_t>(T * std::max<int64_t>(1, c.num_experts_per_tok)));
@@ -197,7 +201,7 @@ void DeepseekModel::forward(const ForwardBatch& batch, float* logits, const Laye
     if (L.moe) {
       moe(*L.moe, h, T, tmp_.data());
     } else {
-      mlp(*L.dense_mlp, h, T, tmp_.data());
+      mlp(*L.dense_mlp, h, T, tmp_.data(), mlp_gate_.data(), mlp_up_.data());
     }
     ops_.add_scaled(x, tmp_.data(), 1.0f, T * H);
     if (on_layer_output) on_layer_output(i, x, T);
@@ -286,17 +290,18 @@ void DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, co
   ops_.matmul(attn_v_.data(), T, A.o_proj, out);  // [T, hidden]
 }
 
-void DeepseekModel::mlp(const MlpWeights& w, const float* x, int64_t T, float* out) {
+void DeepseekModel::mlp(const MlpWeights& w, const float* x, int64_t T, float* out, float* gate, float* up) {
   const int64_t n = w.gate_proj.out_features;
-  ops_.matmul(x, T, w.gate_proj, mlp_gate_.data());  // [T, n]
-  ops_.matmul(x, T, w.up_proj, mlp_up_.data());      // [T, n]
-  ops_.silu_mul(mlp_gate_.data(), mlp_up_.data(), T, n, mlp_gate_.data());
-  ops_.matmul(mlp_gate_.data(), T, w.down_proj, out);  // [T, hidden]
+  ops_.matmul(x, T, w.gate_proj, gate);  // [T, n]
+  ops_.matmul(x, T, w.up_proj, up);      // [T, n]
+  ops_.silu_mul(gate, up, T, n, gate);
+  ops_.matmul(gate, T, w.down_proj, out);  // [T, hidden]
 }
 
 void DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t T, float* out) {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
+  const int64_t inter = c.moe_intermediate_size;
   ops_.matmul(x, T, w.gate, router_logits_.data());  // [T, E] router logits in fp32
   ops::MoeRouteArgs route{router_logits_.data(),
                           w.score_bias.empty() ? nullptr : w.score_bias.data(),
@@ -311,24 +316,45 @@ void DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t T, float* o
 
   // Shared experts see every token, unscaled.
   if (w.shared) {
-    mlp(*w.shared, x, T, out);
+    mlp(*w.shared, x, T, out, mlp_gate_.data(), mlp_up_.data());
   } else {
     std::fill(out, out + T * H, 0.0f);
   }
-  // Group tokens by expert so each expert's weights stream from memory once per step.
-  for (int64_t e = 0; e < E; ++e) {
-    int64_t n = 0;
-    thread_local std::vector<std::pair<int64_t, float>> routed;
-    routed.clear();
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t k = 0; k < K; ++k)
-        if (topk_ids_[t * K + k] == e) routed.emplace_back(t, topk_weights_[t * K + k]);
-    if (routed.empty()) continue;
-    for (const auto& [t, weight] : routed) std::memcpy(expert_in_.data() + (n++) * H, x + t * H, sizeof(float) * H);
-    mlp(w.experts[e], expert_in_.data(), n, expert_out_.data());
-    for (int64_t r = 0; r < n; ++r)
-      ops_.add_scaled(out + routed[r].first * H, expert_out_.data() + r * H, routed[r].second, H);
+
+  // Group the T*K routed rows by expert (counting sort), so each expert's weights stream from
+  // memory once per step: rows [expert_begin[e], expert_begin[e+1]) of the scratch belong to e.
+  expert_begin_.assign(static_cast<size_t>(E + 1), 0);
+  for (int64_t i = 0; i < T * K; ++i) ++expert_begin_[topk_ids_[i] + 1];
+  for (int64_t e = 0; e < E; ++e) expert_begin_[e + 1] += expert_begin_[e];
+  std::vector<int64_t>& fill = expert_fill_;
+  fill.assign(expert_begin_.begin(), expert_begin_.end() - 1);
+  for (int64_t i = 0; i < T * K; ++i) {
+    const int64_t row = fill[topk_ids_[i]]++;
+    routed_token_[row] = static_cast<int32_t>(i / K);
+    routed_weight_[row] = topk_weights_[i];
+    std::memcpy(expert_in_.data() + row * H, x + (i / K) * H, sizeof(float) * H);
   }
+  active_experts_.clear();
+  for (int64_t e = 0; e < E; ++e)
+    if (expert_begin_[e + 1] > expert_begin_[e]) active_experts_.push_back(static_cast<int32_t>(e));
+
+  auto run_expert = [&](int32_t e) {
+    const int64_t row0 = expert_begin_[e], rows = expert_begin_[e + 1] - row0;
+    mlp(w.experts[e], expert_in_.data() + row0 * H, rows, expert_out_.data() + row0 * H,
+        expert_gate_.data() + row0 * inter, expert_up_.data() + row0 * inter);
+  };
+  // Few rows per expert (decode): one pool dispatch for the whole layer, experts side by side.
+  // Many rows (prefill): experts in turn, each matmul split across the pool.
+  const int64_t pool = thread_pool().num_threads();
+  if (pool > 1 && T * K <= 8 * pool && static_cast<int64_t>(active_experts_.size()) >= pool) {
+    thread_pool().parallel_for(static_cast<int64_t>(active_experts_.size()), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) run_expert(active_experts_[i]);
+    });
+  } else {
+    for (int32_t e : active_experts_) run_expert(e);
+  }
+  for (int64_t row = 0; row < T * K; ++row)
+    ops_.add_scaled(out + routed_token_[row] * H, expert_out_.data() + row * H, routed_weight_[row], H);
 }
 
 DeepseekModel::ActiveWeights DeepseekModel::active_weights_per_token() const {

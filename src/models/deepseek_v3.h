@@ -101,7 +101,8 @@ class DeepseekModel {
   Status load_weights();
   void attention(const LayerWeights& layer, int64_t layer_index, const ForwardBatch& batch,
                  const float* x, float* out);
-  void mlp(const MlpWeights& w, const float* x, int64_t T, float* out);
+  // gate/up: scratch [T, intermediate] each.
+  void mlp(const MlpWeights& w, const float* x, int64_t T, float* out, float* gate, float* up);
   void moe(const MoeWeights& w, const float* x, int64_t T, float* out);
   void reserve(int64_t T);
 
@@ -118,7 +119,12 @@ class DeepseekModel {
   // Workspace, grown by reserve(T) and reused across steps.
   int64_t reserved_tokens_ = 0;
   Buffer x_, h_, tmp_, q_, q_lora_, kv_, q_full_, attn_latent_, attn_v_, head_in_, head_out_;
-  Buffer mlp_gate_, mlp_up_, moe_out_, expert_in_, expert_out_, router_logits_;
+  Buffer mlp_gate_, mlp_up_, router_logits_;
+  // MoE: the T*K routed rows grouped by expert, [T*K, hidden] / [T*K, moe_intermediate]
+  Buffer expert_in_, expert_out_, expert_gate_, expert_up_;
+  std::vector<int64_t> expert_begin_, expert_fill_;  // [E + 1], [E]
+  std::vector<int32_t> routed_token_, active_experts_;
+  std::vector<float> routed_weight_;
   Buffer logits_in_;
   std::vector<int32_t> topk_ids_;
   std::vector<float> topk_weights_;
