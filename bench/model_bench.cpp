@@ -5,7 +5,8 @@
 //   prefill roofline = bf16 peak / FLOPs per prompt (2 x active params per token + attention)
 // Prints one markdown table row (--markdown) or a readable summary.
 //
-//   model_bench --model DIR [--threads N] [--prompt-tokens 512] [--decode-tokens 32] [--fast-prefill] [--markdown]
+//   model_bench --model DIR [--threads N] [--prompt-tokens 512] [--decode-tokens 32] [--fast-prefill]
+//               [--weights-in-memory] [--markdown]
 #include <sys/resource.h>
 
 #include <cstdio>
@@ -32,6 +33,7 @@ struct Args {
   int64_t prompt_tokens = 512;
   int64_t decode_tokens = 32;
   bool fast_prefill = false;
+  bool weights_in_memory = false;
   bool markdown = false;
 };
 
@@ -53,16 +55,19 @@ int main(int argc, char** argv) {
     else if (s == "--prompt-tokens") a.prompt_tokens = std::stoll(next());
     else if (s == "--decode-tokens") a.decode_tokens = std::stoll(next());
     else if (s == "--fast-prefill") a.fast_prefill = true;
+    else if (s == "--weights-in-memory") a.weights_in_memory = true;
     else if (s == "--markdown") a.markdown = true;
     else {
-      std::fprintf(stderr, "usage: model_bench --model DIR [--threads N] [--prompt-tokens N] [--decode-tokens N] [--fast-prefill] [--markdown]\n");
+      std::fprintf(stderr, "usage: model_bench --model DIR [--threads N] [--prompt-tokens N] [--decode-tokens N] [--fast-prefill] [--weights-in-memory] [--markdown]\n");
       return 2;
     }
   }
   set_num_threads(a.threads);
   const int64_t context = a.prompt_tokens + a.decode_tokens;
   auto loaded = DeepseekModel::load(a.model, {.backend = ops::Backend::cpu, .max_context = context,
-                                              .fast_prefill = a.fast_prefill});
+                                              .fast_prefill = a.fast_prefill,
+                                              .weights = a.weights_in_memory ? WeightPlacement::memory
+                                                                             : WeightPlacement::mmap});
   if (!loaded) {
     std::fprintf(stderr, "model_bench: %s\n", loaded.error().message.c_str());
     return 1;
@@ -127,8 +132,9 @@ int main(int argc, char** argv) {
   const double ckpt_mib = model.checkpoint().total_bytes() / 1048576.0, kv_mib = cache->bytes() / 1048576.0;
 
   if (a.markdown) {
-    std::printf("| %s | %d | %s | %.1f | %.1f | %.0f%% | %.2f | %.2f | %.0f%% | %.0f | %.0f + %.0f | %.2f |\n",
-                a.model.c_str(), a.threads, a.fast_prefill ? "fast" : "accurate", prefill_tps, prefill_roof_tps,
+    std::printf("| %s | %d | %s, %s | %.1f | %.1f | %.0f%% | %.2f | %.2f | %.0f%% | %.0f | %.0f + %.0f | %.2f |\n",
+                a.model.c_str(), a.threads, a.fast_prefill ? "fast" : "accurate",
+                a.weights_in_memory ? "in memory" : "mmap", prefill_tps, prefill_roof_tps,
                 100 * prefill_tps / prefill_roof_tps, decode_tps, decode_roof_tps, 100 * decode_tps / decode_roof_tps,
                 rss, ckpt_mib, kv_mib, rss / (ckpt_mib + kv_mib));
   } else {

@@ -29,6 +29,7 @@ struct GenerateArgs {
   bool no_bos = false;
   bool ignore_eos = false;
   bool fast_prefill = false;
+  bool no_mmap = false;
 };
 
 int run_generate(const GenerateArgs& a) {
@@ -44,7 +45,8 @@ int run_generate(const GenerateArgs& a) {
     fmt::print(stderr, "error: {}\n", tokenizer.error().message);
     return 1;
   }
-  auto model = DeepseekModel::load(dir, {.backend = *backend, .max_context = a.max_context, .fast_prefill = a.fast_prefill});
+  auto model = DeepseekModel::load(dir, {.backend = *backend, .max_context = a.max_context, .fast_prefill = a.fast_prefill,
+                                         .weights = a.no_mmap ? WeightPlacement::memory : WeightPlacement::mmap});
   if (!model) {
     fmt::print(stderr, "error: {}\n", model.error().message);
     return 1;
@@ -98,6 +100,8 @@ void setup(CLI::App& sub, int& exit_code) {
   sub.add_option("--seed", args->seed, "sampling seed");
   sub.add_option("--backend", args->backend, "cpu | reference");
   sub.add_option("--threads,-t", args->threads, "threads (default: all cores)");
+  sub.add_flag("--no-mmap", args->no_mmap,
+               "read weights into memory instead of mapping them (same RSS; faster decode where page-cache reads are slow)");
   sub.add_option("--max-context", args->max_context, "context length to allocate");
   sub.add_flag("--no-bos", args->no_bos, "do not prepend the BOS token");
   sub.add_flag("--ignore-eos", args->ignore_eos, "keep generating past end-of-sequence");

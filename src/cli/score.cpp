@@ -19,6 +19,7 @@ struct ScoreArgs {
   bool json = false;
   std::string backend = "cpu";
   int threads = 0;
+  bool no_mmap = false;
 };
 
 int run_score(const ScoreArgs& a) {
@@ -34,7 +35,8 @@ int run_score(const ScoreArgs& a) {
   }
   const std::string dir = a.model.empty() ? default_model_dir() : a.model;
   const int64_t T = static_cast<int64_t>(a.tokens.size());
-  auto model = DeepseekModel::load(dir, {.backend = *backend, .max_context = std::max<int64_t>(T, 16)});
+  auto model = DeepseekModel::load(dir, {.backend = *backend, .max_context = std::max<int64_t>(T, 16),
+                                         .weights = a.no_mmap ? WeightPlacement::memory : WeightPlacement::mmap});
   if (!model) {
     fmt::print(stderr, "error: {}\n", model.error().message);
     return 1;
@@ -83,6 +85,8 @@ void setup(CLI::App& sub, int& exit_code) {
   sub.add_flag("--json", args->json, "print {\"tokens\": [...], \"top\": [{\"id\", \"logit\"}, ...]}");
   sub.add_option("--backend", args->backend, "cpu | reference");
   sub.add_option("--threads,-t", args->threads, "threads (default: all cores)");
+  sub.add_flag("--no-mmap", args->no_mmap,
+               "read weights into memory instead of mapping them (same RSS; faster decode where page-cache reads are slow)");
   sub.callback([args, &exit_code] { exit_code = run_score(*args); });
 }
 

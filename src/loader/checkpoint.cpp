@@ -12,7 +12,7 @@ constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
 }  // namespace
 
-Result<Checkpoint> Checkpoint::open(const std::filesystem::path& dir) {
+Result<Checkpoint> Checkpoint::open(const std::filesystem::path& dir, WeightPlacement placement) {
   namespace fs = std::filesystem;
   std::error_code ec;
   Checkpoint ckpt;
@@ -20,7 +20,7 @@ Result<Checkpoint> Checkpoint::open(const std::filesystem::path& dir) {
 
   // A single file given directly.
   if (fs::is_regular_file(dir, ec) && dir.extension() == ".safetensors") {
-    MOAT_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(dir));
+    MOAT_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(dir, placement));
     for (const auto& t : file->tensors()) ckpt.index_.emplace(t.name, &t);
     ckpt.files_.push_back(std::move(file));
     ckpt.dir_ = dir.parent_path();
@@ -56,7 +56,7 @@ Result<Checkpoint> Checkpoint::open(const std::filesystem::path& dir) {
       if (!fs::exists(shard_path, ec))
         return make_error("{}: shard '{}' (holding '{}') is missing from {}",
                           index_path.string(), shard_name, name, dir.string());
-      MOAT_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(shard_path));
+      MOAT_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(shard_path, placement));
       shards.emplace(shard_name, file);
       ckpt.files_.push_back(std::move(file));
     }
@@ -77,7 +77,7 @@ Result<Checkpoint> Checkpoint::open(const std::filesystem::path& dir) {
 
   const fs::path single = dir / kSingleFile;
   if (fs::exists(single, ec)) {
-    MOAT_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(single));
+    MOAT_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(single, placement));
     for (const auto& t : file->tensors()) ckpt.index_.emplace(t.name, &t);
     ckpt.files_.push_back(std::move(file));
     return ckpt;

@@ -19,7 +19,8 @@ class Checkpoint {
  public:
   // DIR holding model.safetensors.index.json (preferred when both exist) or model.safetensors;
   // a path to a single .safetensors file also works.
-  static Result<Checkpoint> open(const std::filesystem::path& dir);
+  static Result<Checkpoint> open(const std::filesystem::path& dir,
+                                 WeightPlacement placement = WeightPlacement::mmap);
 
   const TensorInfo* find(std::string_view name) const;
   // Bytes of tensor data over all tensors (what loading the whole checkpoint touches).

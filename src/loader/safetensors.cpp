@@ -48,7 +48,8 @@ const TensorInfo* SafetensorsFile::find(std::string_view name) const {
   return it == by_name_.end() ? nullptr : &tensors_[it->second];
 }
 
-Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::filesystem::path& path) {
+Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::filesystem::path& path,
+                                                                WeightPlacement placement) {
   const std::string file = path.string();
   std::shared_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = path;
@@ -67,17 +68,43 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::filesy
     return make_error("{}: truncated: {} bytes, expected at least the 8-byte header length", file,
                       f->size_);
   }
-  // MAP_PRIVATE + PROT_READ: the checkpoint is never written through, and pages are shared
-  // with the page cache until evicted.
-  void* map = mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_errno = errno;
-  ::close(fd);  // the mapping keeps the file alive
-  if (map == MAP_FAILED) return make_error("{}: mmap failed: {}", file, std::strerror(map_errno));
+  void* map = MAP_FAILED;
+  if (placement == WeightPlacement::mmap) {
+    // MAP_PRIVATE + PROT_READ: the checkpoint is never written through, and pages are shared
+    // with the page cache until evicted.
+    map = mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    const int map_errno = errno;
+    ::close(fd);  // the mapping keeps the file alive
+    if (map == MAP_FAILED) return make_error("{}: mmap failed: {}", file, std::strerror(map_errno));
+  } else {
+    map = mmap(nullptr, f->size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      return make_error("{}: cannot allocate {} bytes to hold it: {}", file, f->size_, std::strerror(err));
+    }
+    madvise(map, f->size_, MADV_HUGEPAGE);
+    size_t done = 0;
+    while (done < f->size_) {
+      const ssize_t got = ::pread(fd, static_cast<char*>(map) + done, std::min<size_t>(f->size_ - done, 64u << 20),
+                                  static_cast<off_t>(done));
+      if (got <= 0) {
+        const int err = errno;
+        ::close(fd);
+        munmap(map, f->size_);
+        return make_error("{}: read failed at byte {} of {}: {}", file, done, f->size_,
+                          got == 0 ? "unexpected end of file" : std::strerror(err));
+      }
+      done += static_cast<size_t>(got);
+    }
+    ::close(fd);
+    mprotect(map, f->size_, PROT_READ);  // weights are never written, as with the mapping
+  }
   f->map_ = map;
   // Decode streams every active weight once per token; with 4 KiB pages that is a TLB miss per
   // page. Asking for huge pages lets kernels with large page-cache folios map 2 MiB at a time
   // (advisory: ignored where unsupported).
-  madvise(map, f->size_, MADV_HUGEPAGE);
+  if (placement == WeightPlacement::mmap) madvise(map, f->size_, MADV_HUGEPAGE);
   const auto* base = static_cast<const std::byte*>(map);
 
   uint64_t header_len = 0;

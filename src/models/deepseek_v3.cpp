@@ -21,7 +21,7 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::filesystem
   std::unique_ptr<DeepseekModel> model(new DeepseekModel());
   model->options_ = options;
   MOAT_ASSIGN_OR_RETURN(model->config_, load_model_config(dir));
-  MOAT_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(dir));
+  MOAT_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(dir, options.weights));
   model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
   MOAT_TRY(validate_checkpoint(*model->checkpoint_, model->config_));
   MOAT_ASSIGN_OR_RETURN(ops::ModelOpNeeds needs, model_op_needs(model->config_, 1));

@@ -71,6 +71,7 @@ class DeepseekModel {
     ops::Backend backend = ops::Backend::cpu;
     int64_t max_context = 4096;  // RoPE table length; prompts + outputs must fit
     bool fast_prefill = false;   // bf16 activations for prefill matmuls (ops::set_fast_prefill)
+    WeightPlacement weights = WeightPlacement::mmap;  // see loader/safetensors.h
   };
 
   static Result<std::unique_ptr<DeepseekModel>> load(const std::filesystem::path& dir, const Options& options);

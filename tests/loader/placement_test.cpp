@@ -1,0 +1,47 @@
+// WeightPlacement::memory must present exactly the bytes WeightPlacement::mmap does, in memory that
+// is not the file mapping, and report the same errors for broken files.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "loader/checkpoint.h"
+#include "loader/safetensors.h"
+
+namespace moat {
+namespace {
+
+const std::filesystem::path kRoot = MOAT_SOURCE_DIR;
+
+TEST(WeightPlacement, MemoryHoldsTheSameBytesAsTheMapping) {
+  const auto dir = kRoot / "tests/golden/tiny_fp8";  // sharded, fp8 + scales
+  auto mapped = Checkpoint::open(dir, WeightPlacement::mmap);
+  auto copied = Checkpoint::open(dir, WeightPlacement::memory);
+  ASSERT_TRUE(mapped.ok()) << mapped.error().message;
+  ASSERT_TRUE(copied.ok()) << copied.error().message;
+  ASSERT_EQ(mapped->names(), copied->names());
+  for (const std::string& name : mapped->names()) {
+    const TensorInfo* a = mapped->find(name);
+    const TensorInfo* b = copied->find(name);
+    ASSERT_EQ(a->dtype, b->dtype) << name;
+    ASSERT_EQ(a->shape, b->shape) << name;
+    ASSERT_EQ(a->nbytes, b->nbytes) << name;
+    EXPECT_NE(a->data, b->data) << name;
+    EXPECT_EQ(std::memcmp(a->data, b->data, a->nbytes), 0) << name;
+  }
+}
+
+TEST(WeightPlacement, MemoryModeReportsTruncatedFiles) {
+  const auto path = std::filesystem::temp_directory_path() / "moat_placement_truncated.safetensors";
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write("\x40\x00\x00", 3);
+  }
+  auto f = SafetensorsFile::open(path, WeightPlacement::memory);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.error().message.find("truncated"), std::string::npos) << f.error().message;
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace moat
