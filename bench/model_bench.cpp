@@ -83,16 +83,7 @@ int main(int argc, char** argv) {
   std::vector<float> logits(static_cast<size_t>(V));
   auto cache = model.new_cache(context);
 
-  auto prefill = [&] {
-    ForwardBatch b;
-    b.tokens = prompt;
-    for (int64_t t = 0; t < a.prompt_tokens; ++t) {
-      b.positions.push_back(static_cast<int32_t>(t));
-      b.caches.push_back(cache.get());
-    }
-    b.logit_rows = {static_cast<int32_t>(a.prompt_tokens - 1)};
-    model.forward(b, logits.data());
-  };
+  auto prefill = [&] { model.forward(ForwardBatch::for_sequence(prompt, 0, cache.get()), logits.data()); };
   // The first prefill faults the mmapped weights in; the second is the measurement.
   prefill();
   const auto p0 = std::chrono::steady_clock::now();
@@ -102,12 +93,7 @@ int main(int argc, char** argv) {
   int32_t next_token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   int64_t position = a.prompt_tokens;
   auto decode_step = [&] {
-    ForwardBatch b;
-    b.tokens = {next_token};
-    b.positions = {static_cast<int32_t>(position++)};
-    b.caches = {cache.get()};
-    b.logit_rows = {0};
-    model.forward(b, logits.data());
+    model.forward(ForwardBatch::for_sequence({next_token}, static_cast<int32_t>(position++), cache.get()), logits.data());
     next_token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   };
   // A few untimed steps first: the steady state is what a long generation sees (right after a

@@ -49,13 +49,7 @@ int run_score(const ScoreArgs& a) {
       return 2;
     }
   auto cache = m.new_cache(T);
-  ForwardBatch batch;
-  batch.tokens = a.tokens;
-  for (int64_t t = 0; t < T; ++t) {
-    batch.positions.push_back(static_cast<int32_t>(t));
-    batch.caches.push_back(cache.get());
-  }
-  batch.logit_rows = {static_cast<int32_t>(T - 1)};
+  const ForwardBatch batch = ForwardBatch::for_sequence(a.tokens, 0, cache.get());
   std::vector<float> logits(static_cast<size_t>(V));
   m.forward(batch, logits.data());
 

@@ -29,13 +29,8 @@ Result<GenerationStats> Generator::generate(const std::vector<int32_t>& prompt, 
   const int64_t chunk = std::max<int64_t>(1, options.prefill_chunk);
   for (int64_t begin = 0; begin < stats.prompt_tokens; begin += chunk) {
     const int64_t end = std::min(stats.prompt_tokens, begin + chunk);
-    ForwardBatch batch;
-    for (int64_t t = begin; t < end; ++t) {
-      batch.tokens.push_back(prompt[t]);
-      batch.positions.push_back(static_cast<int32_t>(t));
-      batch.caches.push_back(cache.get());
-    }
-    batch.logit_rows = {static_cast<int32_t>(end - begin - 1)};
+    const std::vector<int32_t> chunk_tokens(prompt.begin() + begin, prompt.begin() + end);
+    const ForwardBatch batch = ForwardBatch::for_sequence(chunk_tokens, static_cast<int32_t>(begin), cache.get());
     model_.forward(batch, logits_.data());
   }
   auto first_token_time = Clock::now();
@@ -56,11 +51,7 @@ Result<GenerationStats> Generator::generate(const std::vector<int32_t>& prompt, 
     }
     if (on_token && !on_token(token)) break;
     if (n + 1 == options.max_new_tokens) break;
-    ForwardBatch step;
-    step.tokens = {token};
-    step.positions = {static_cast<int32_t>(position++)};
-    step.caches = {cache.get()};
-    step.logit_rows = {0};
+    const ForwardBatch step = ForwardBatch::for_sequence({token}, static_cast<int32_t>(position++), cache.get());
     model_.forward(step, logits_.data());
   }
   stats.decode_seconds = std::chrono::duration<double>(Clock::now() - first_token_time).count();

@@ -63,6 +63,22 @@ struct ForwardBatch {
   std::vector<int32_t> positions;     // [T]
   std::vector<LatentCache*> caches;   // [T] the cache of the sequence each token belongs to
   std::vector<int32_t> logit_rows;    // which of the T tokens need logits (e.g. each sequence's last)
+
+  enum class Logits { last, all };
+  // One sequence's tokens at positions first_position.. (a prefill chunk, or one decode token).
+  static ForwardBatch for_sequence(const std::vector<int32_t>& tokens, int32_t first_position, LatentCache* cache,
+                                   Logits logits = Logits::last) {
+    ForwardBatch b;
+    b.tokens = tokens;
+    const int32_t n = static_cast<int32_t>(tokens.size());
+    for (int32_t t = 0; t < n; ++t) {
+      b.positions.push_back(first_position + t);
+      b.caches.push_back(cache);
+      if (logits == Logits::all) b.logit_rows.push_back(t);
+    }
+    if (logits == Logits::last && n > 0) b.logit_rows.push_back(n - 1);
+    return b;
+  }
 };
 
 class DeepseekModel {

@@ -83,13 +83,7 @@ TEST_P(GoldenTest, PrefillMatchesReference) {
   ASSERT_EQ(static_cast<int64_t>(g.logits.size()), T * V);
 
   auto cache = m.new_cache(T);
-  ForwardBatch batch;
-  batch.tokens = g.ids;
-  for (int64_t t = 0; t < T; ++t) {
-    batch.positions.push_back(static_cast<int32_t>(t));
-    batch.caches.push_back(cache.get());
-    batch.logit_rows.push_back(static_cast<int32_t>(t));
-  }
+  const ForwardBatch batch = ForwardBatch::for_sequence(g.ids, 0, cache.get(), ForwardBatch::Logits::all);
   std::vector<float> logits(static_cast<size_t>(T * V));
   std::map<int64_t, std::vector<float>> hidden;
   m.forward(batch, logits.data(), [&](int64_t layer, const float* x, int64_t n) {
@@ -116,21 +110,11 @@ TEST_P(GoldenTest, DecodeOverLatentCacheMatchesReference) {
   auto cache = m.new_cache(T);
   const int64_t prefill = T / 2;
   std::vector<float> logits(static_cast<size_t>(V));
-  ForwardBatch first;
-  for (int64_t t = 0; t < prefill; ++t) {
-    first.tokens.push_back(g.ids[t]);
-    first.positions.push_back(static_cast<int32_t>(t));
-    first.caches.push_back(cache.get());
-  }
-  first.logit_rows = {static_cast<int32_t>(prefill - 1)};
+  const ForwardBatch first = ForwardBatch::for_sequence({g.ids.begin(), g.ids.begin() + prefill}, 0, cache.get());
   m.forward(first, logits.data());
   expect_logits_match(logits.data(), &g.logits[(prefill - 1) * V], V, "prefill last");
   for (int64_t t = prefill; t < T; ++t) {
-    ForwardBatch step;
-    step.tokens = {g.ids[t]};
-    step.positions = {static_cast<int32_t>(t)};
-    step.caches = {cache.get()};
-    step.logit_rows = {0};
+    const ForwardBatch step = ForwardBatch::for_sequence({g.ids[t]}, static_cast<int32_t>(t), cache.get());
     m.forward(step, logits.data());
     expect_logits_match(logits.data(), &g.logits[t * V], V, "decode position " + std::to_string(t));
   }
@@ -163,13 +147,7 @@ TEST(FastPrefill, StaysCloseToReference) {
     DeepseekModel& m = **model;
     const int64_t T = static_cast<int64_t>(g.ids.size()), V = m.config().vocab_size;
     auto cache = m.new_cache(T);
-    ForwardBatch batch;
-    batch.tokens = g.ids;
-    for (int64_t t = 0; t < T; ++t) {
-      batch.positions.push_back(static_cast<int32_t>(t));
-      batch.caches.push_back(cache.get());
-      batch.logit_rows.push_back(static_cast<int32_t>(t));
-    }
+    const ForwardBatch batch = ForwardBatch::for_sequence(g.ids, 0, cache.get(), ForwardBatch::Logits::all);
     std::vector<float> logits(static_cast<size_t>(T * V));
     m.forward(batch, logits.data());
     double worst = 0.0;
