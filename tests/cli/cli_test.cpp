@@ -78,3 +78,22 @@ TEST(Cli, GenerateRejectsPromptLongerThanContext) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Cli, GenerateChatWrapsThePromptInTheTemplate) {
+  if (!std::filesystem::exists(kRoot / "models/k3-nano/config.json")) GTEST_SKIP() << "models/k3-nano not shipped yet";
+  // <|bos|><|user|>Hi<|eos|><|assistant|>: 4 special tokens around the prompt's own.
+  CliRun plain = run("generate --prompt \"Hi\" --max-tokens 1 --temperature 0", true);
+  CliRun chat = run("generate --chat --prompt \"Hi\" --max-tokens 1 --temperature 0", true);
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  ASSERT_EQ(chat.exit_code, 0) << chat.output;
+  auto prompt_tokens = [](const std::string& out) {
+    const auto at = out.find("prompt ");
+    return at == std::string::npos ? -1 : std::stoi(out.substr(at + 7));
+  };
+  // plain = BOS + "Hi"; chat = BOS + <|user|> + "Hi" + <|eos|> + <|assistant|>
+  EXPECT_EQ(prompt_tokens(chat.output), prompt_tokens(plain.output) + 3) << chat.output;
+}
+
+}  // namespace
