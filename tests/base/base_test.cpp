@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <cmath>
 
 #include "base/dtype.h"
@@ -49,6 +51,34 @@ TEST(ThreadPool, CoversRangeExactlyOnce) {
     });
   }
   for (auto& h : hits) EXPECT_EQ(h.load(), 50);
+}
+
+// Workers spin, then sleep: jobs that arrive while they spin, just as they fall asleep, and long
+// after must each run exactly once (a lost wake-up would hang this test; a double run would
+// miscount).
+TEST(ThreadPool, JobsRunExactlyOnceAcrossSpinAndSleep) {
+  for (int threads : {2, 3, 4}) {
+    ThreadPool pool(threads);
+    std::atomic<int64_t> total{0};
+    int64_t expected = 0;
+    for (int rep = 0; rep < 300; ++rep) {
+      const int64_t n = 1 + rep % 37;
+      pool.parallel_for(n, [&](int64_t b, int64_t e) { total += e - b; });
+      expected += n;
+      if (rep % 50 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));   // workers asleep
+      else if (rep % 7 == 0) std::this_thread::sleep_for(std::chrono::microseconds(190));  // at the edge
+    }
+    EXPECT_EQ(total.load(), expected) << threads << " threads";
+  }
+}
+
+TEST(ThreadPool, NestedCallsRunInline) {
+  ThreadPool pool(2);
+  std::atomic<int> inner{0};
+  pool.parallel_for(4, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) pool.parallel_for(10, [&](int64_t x, int64_t y) { inner += static_cast<int>(y - x); });
+  });
+  EXPECT_EQ(inner.load(), 40);
 }
 
 Result<int> parse_positive(int v) {
