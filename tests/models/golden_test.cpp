@@ -62,23 +62,33 @@ void expect_logits_match(const float* got, const float* ref, int64_t vocab, cons
   EXPECT_EQ(top_got, top_ref) << where << ": top-1 differs";
 }
 
-class GoldenTest : public ::testing::TestWithParam<std::tuple<std::string, ops::Backend>> {};
-
 std::filesystem::path model_dir_for(const std::string& name) {
   if (name == "k3_nano") return kRoot / "models/k3-nano";
   if (name == "k3_nano_draft") return kRoot / "models/k3-nano-draft";
   return kRoot / "tests/golden" / name;
 }
 
+// Loads the fixture's golden data and its model on the parameter's backend (skips when the
+// fixture is absent).
+class GoldenTest : public ::testing::TestWithParam<std::tuple<std::string, ops::Backend>> {
+ protected:
+  void SetUp() override {
+    const auto& [name, backend] = GetParam();
+    const auto golden_file = kRoot / "tests/golden" / name / "golden.safetensors";
+    if (!std::filesystem::exists(golden_file) || !std::filesystem::exists(model_dir_for(name) / "config.json"))
+      GTEST_SKIP() << "no fixture for " << name;
+    g = read_golden(golden_file);
+    auto loaded = DeepseekModel::load(model_dir_for(name), {.backend = backend, .max_context = 256});
+    ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+    model = std::move(loaded).value();
+  }
+
+  Golden g;
+  std::unique_ptr<DeepseekModel> model;
+};
+
 TEST_P(GoldenTest, PrefillMatchesReference) {
-  const auto& [name, backend] = GetParam();
-  const auto golden_file = kRoot / "tests/golden" / name / "golden.safetensors";
-  if (!std::filesystem::exists(golden_file) || !std::filesystem::exists(model_dir_for(name) / "config.json"))
-    GTEST_SKIP() << "no fixture for " << name;
-  Golden g = read_golden(golden_file);
-  auto model = DeepseekModel::load(model_dir_for(name), {.backend = backend, .max_context = 256});
-  ASSERT_TRUE(model.ok()) << model.error().message;
-  DeepseekModel& m = **model;
+  DeepseekModel& m = *model;
   const int64_t T = static_cast<int64_t>(g.ids.size()), V = m.config().vocab_size, H = m.config().hidden_size;
   ASSERT_EQ(static_cast<int64_t>(g.logits.size()), T * V);
 
@@ -98,14 +108,7 @@ TEST_P(GoldenTest, PrefillMatchesReference) {
 }
 
 TEST_P(GoldenTest, DecodeOverLatentCacheMatchesReference) {
-  const auto& [name, backend] = GetParam();
-  const auto golden_file = kRoot / "tests/golden" / name / "golden.safetensors";
-  if (!std::filesystem::exists(golden_file) || !std::filesystem::exists(model_dir_for(name) / "config.json"))
-    GTEST_SKIP() << "no fixture for " << name;
-  Golden g = read_golden(golden_file);
-  auto model = DeepseekModel::load(model_dir_for(name), {.backend = backend, .max_context = 256});
-  ASSERT_TRUE(model.ok()) << model.error().message;
-  DeepseekModel& m = **model;
+  DeepseekModel& m = *model;
   const int64_t T = static_cast<int64_t>(g.ids.size()), V = m.config().vocab_size;
   auto cache = m.new_cache(T);
   const int64_t prefill = T / 2;
