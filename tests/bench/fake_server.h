@@ -20,6 +20,7 @@ struct FakeOptions {
   bool empty_chunks = false;  // an empty chunk at once and one between tokens
   int http_500_every = 0;     // request k (1-based) fails with HTTP 500 when k % N == 0
   int midstream_error_every = 0;  // request k sends two tokens, then an error event
+  int port = 0;               // 0: any free port
 };
 
 class FakeServer {
@@ -39,7 +40,11 @@ class FakeServer {
       res.set_content(R"({"object":"list","data":[{"id":"fake-model","object":"model"}]})",
                       "application/json");
     });
-    port_ = server_.bind_to_any_port("127.0.0.1");
+    if (o_.port > 0) {
+      port_ = server_.bind_to_port("127.0.0.1", o_.port) ? o_.port : -1;
+    } else {
+      port_ = server_.bind_to_any_port("127.0.0.1");
+    }
     thread_ = std::thread([this] { server_.listen_after_bind(); });
     while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
