@@ -8,6 +8,7 @@
 #include "base/log.h"
 #include "base/thread_pool.h"
 #include "cli/command.h"
+#include "cli/model_options.h"
 #include "engine/generator.h"
 #include "tokenizer/chat_template/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -16,7 +17,7 @@ namespace moat::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model;
+  ModelOptions model;
   std::string prompt;
   int64_t max_tokens = 64;
   float temperature = 0.7f;
@@ -24,13 +25,10 @@ struct GenerateArgs {
   float top_p = 1.0f;
   float min_p = 0.0f;
   uint64_t seed = 0;
-  std::string backend = "cpu";
-  int threads = 0;
   int64_t max_context = 4096;
   bool no_bos = false;
   bool ignore_eos = false;
   bool fast_prefill = false;
-  bool no_mmap = false;
   bool chat = false;
   std::string system;
 };
@@ -52,20 +50,12 @@ Result<std::string> render_chat_prompt(const Tokenizer& tokenizer, const std::st
 }
 
 int run_generate(const GenerateArgs& a) {
-  if (a.threads > 0) set_num_threads(a.threads);
-  const std::string dir = a.model.empty() ? default_model_dir() : a.model;
-  auto backend = ops::parse_backend(a.backend);
-  if (!backend) {
-    fmt::print(stderr, "error: {}\n", backend.error().message);
-    return 2;
-  }
-  auto tokenizer = Tokenizer::load(dir);
+  auto tokenizer = Tokenizer::load(a.model.dir());
   if (!tokenizer) {
     fmt::print(stderr, "error: {}\n", tokenizer.error().message);
     return 1;
   }
-  auto model = DeepseekModel::load(dir, {.backend = *backend, .max_context = a.max_context, .fast_prefill = a.fast_prefill,
-                                         .weights = a.no_mmap ? WeightPlacement::memory : WeightPlacement::mmap});
+  auto model = a.model.load(a.max_context, a.fast_prefill);
   if (!model) {
     fmt::print(stderr, "error: {}\n", model.error().message);
     return 1;
@@ -114,13 +104,13 @@ int run_generate(const GenerateArgs& a) {
              "{} threads, {} backend, peak RSS {:.1f} MiB\n",
              stats->prompt_tokens, stats->prefill_tokens_per_second(), stats->prefill_seconds,
              stats->generated_tokens, stats->decode_tokens_per_second(), thread_pool().num_threads(),
-             ops::backend_name(*backend), usage.ru_maxrss / 1024.0);
+             ops::backend_name((*model)->ops().backend()), usage.ru_maxrss / 1024.0);
   return 0;
 }
 
 void setup(CLI::App& sub, int& exit_code) {
   auto args = std::make_shared<GenerateArgs>();
-  sub.add_option("--model,-m", args->model, "model directory (config.json, safetensors, tokenizer); default models/k3-nano");
+  args->model.add_to(sub);
   sub.add_option("--prompt,-p", args->prompt, "prompt text")->required();
   sub.add_option("--max-tokens,-n", args->max_tokens, "tokens to generate")->check(CLI::NonNegativeNumber);
   sub.add_option("--temperature", args->temperature, "0 = greedy");
@@ -128,10 +118,6 @@ void setup(CLI::App& sub, int& exit_code) {
   sub.add_option("--top-p", args->top_p, "nucleus sampling mass (1 = off)");
   sub.add_option("--min-p", args->min_p, "drop tokens below min_p * max prob (0 = off)");
   sub.add_option("--seed", args->seed, "sampling seed");
-  sub.add_option("--backend", args->backend, "cpu | reference");
-  sub.add_option("--threads,-t", args->threads, "threads (default: all cores)");
-  sub.add_flag("--no-mmap", args->no_mmap,
-               "read weights into memory instead of mapping them (same RSS; faster decode where page-cache reads are slow)");
   sub.add_option("--max-context", args->max_context, "context length to allocate");
   sub.add_flag("--no-bos", args->no_bos, "do not prepend the BOS token");
   sub.add_flag("--ignore-eos", args->ignore_eos, "keep generating past end-of-sequence");

@@ -5,38 +5,26 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
-#include "base/thread_pool.h"
 #include "cli/command.h"
-#include "models/deepseek_v3.h"
+#include "cli/model_options.h"
 
 namespace moat::cli {
 namespace {
 
 struct ScoreArgs {
-  std::string model;
+  ModelOptions model;
   std::vector<int32_t> tokens;
   int64_t top = 5;
   bool json = false;
-  std::string backend = "cpu";
-  int threads = 0;
-  bool no_mmap = false;
 };
 
 int run_score(const ScoreArgs& a) {
-  if (a.threads > 0) set_num_threads(a.threads);
   if (a.tokens.empty()) {
     fmt::print(stderr, "error: --tokens needs at least one id\n");
     return 2;
   }
-  auto backend = ops::parse_backend(a.backend);
-  if (!backend) {
-    fmt::print(stderr, "error: {}\n", backend.error().message);
-    return 2;
-  }
-  const std::string dir = a.model.empty() ? default_model_dir() : a.model;
   const int64_t T = static_cast<int64_t>(a.tokens.size());
-  auto model = DeepseekModel::load(dir, {.backend = *backend, .max_context = std::max<int64_t>(T, 16),
-                                         .weights = a.no_mmap ? WeightPlacement::memory : WeightPlacement::mmap});
+  auto model = a.model.load(std::max<int64_t>(T, 16));
   if (!model) {
     fmt::print(stderr, "error: {}\n", model.error().message);
     return 1;
@@ -73,14 +61,10 @@ int run_score(const ScoreArgs& a) {
 
 void setup(CLI::App& sub, int& exit_code) {
   auto args = std::make_shared<ScoreArgs>();
-  sub.add_option("--model,-m", args->model, "model directory; default models/k3-nano");
+  args->model.add_to(sub);
   sub.add_option("--tokens", args->tokens, "comma-separated token ids, no BOS added")->delimiter(',')->required();
   sub.add_option("--top", args->top, "how many of the highest logits to print");
   sub.add_flag("--json", args->json, "print {\"tokens\": [...], \"top\": [{\"id\", \"logit\"}, ...]}");
-  sub.add_option("--backend", args->backend, "cpu | reference");
-  sub.add_option("--threads,-t", args->threads, "threads (default: all cores)");
-  sub.add_flag("--no-mmap", args->no_mmap,
-               "read weights into memory instead of mapping them (same RSS; faster decode where page-cache reads are slow)");
   sub.callback([args, &exit_code] { exit_code = run_score(*args); });
 }
 

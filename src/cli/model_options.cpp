@@ -1,0 +1,28 @@
+#include "cli/model_options.h"
+
+#include "base/thread_pool.h"
+#include "cli/command.h"
+
+namespace moat::cli {
+
+std::string ModelOptions::dir() const { return model.empty() ? default_model_dir() : model; }
+
+void ModelOptions::add_to(CLI::App& sub) {
+  sub.add_option("--model,-m", model,
+                 "model directory (config.json, safetensors, tokenizer); default models/k3-nano");
+  sub.add_option("--backend", backend, "cpu | reference");
+  sub.add_option("--threads,-t", threads, "threads (default: all cores)");
+  sub.add_flag("--no-mmap", no_mmap,
+               "read weights into memory instead of mapping them (same RSS; faster decode where page-cache reads are slow)");
+}
+
+Result<std::unique_ptr<DeepseekModel>> ModelOptions::load(int64_t max_context, bool fast_prefill) const {
+  if (threads > 0) set_num_threads(threads);
+  MOAT_ASSIGN_OR_RETURN(ops::Backend parsed, ops::parse_backend(backend));
+  return DeepseekModel::load(dir(), {.backend = parsed,
+                                     .max_context = max_context,
+                                     .fast_prefill = fast_prefill,
+                                     .weights = no_mmap ? WeightPlacement::memory : WeightPlacement::mmap});
+}
+
+}  // namespace moat::cli
