@@ -6,7 +6,7 @@
 // Prints one markdown table row (--markdown) or a readable summary.
 //
 //   model_bench --model DIR [--threads N] [--prompt-tokens 512] [--decode-tokens 32] [--fast-prefill]
-//               [--weights-in-memory] [--markdown]
+//               [--weights-in-memory] [--exact-fp8] [--markdown]
 #include <sys/resource.h>
 
 #include <cstdio>
@@ -34,6 +34,7 @@ struct Args {
   int64_t decode_tokens = 32;
   bool fast_prefill = false;
   bool weights_in_memory = false;
+  bool exact_fp8 = false;
   bool markdown = false;
 };
 
@@ -56,9 +57,10 @@ int main(int argc, char** argv) {
     else if (s == "--decode-tokens") a.decode_tokens = std::stoll(next());
     else if (s == "--fast-prefill") a.fast_prefill = true;
     else if (s == "--weights-in-memory") a.weights_in_memory = true;
+    else if (s == "--exact-fp8") a.exact_fp8 = true;
     else if (s == "--markdown") a.markdown = true;
     else {
-      std::fprintf(stderr, "usage: model_bench --model DIR [--threads N] [--prompt-tokens N] [--decode-tokens N] [--fast-prefill] [--weights-in-memory] [--markdown]\n");
+      std::fprintf(stderr, "usage: model_bench --model DIR [--threads N] [--prompt-tokens N] [--decode-tokens N] [--fast-prefill] [--weights-in-memory] [--exact-fp8] [--markdown]\n");
       return 2;
     }
   }
@@ -67,6 +69,7 @@ int main(int argc, char** argv) {
   const int64_t context = a.prompt_tokens + kWarmupDecodeSteps + a.decode_tokens;
   auto loaded = DeepseekModel::load(a.model, {.backend = ops::Backend::cpu, .max_context = context,
                                               .fast_prefill = a.fast_prefill,
+                                              .exact_fp8 = a.exact_fp8,
                                               .weights = a.weights_in_memory ? WeightPlacement::memory
                                                                              : WeightPlacement::mmap});
   if (!loaded) {
@@ -103,6 +106,8 @@ int main(int argc, char** argv) {
   for (int64_t n = 0; n < a.decode_tokens; ++n) decode_step();
   const double decode_s = bench::seconds_since(t0) / static_cast<double>(a.decode_tokens);
   const double rss = peak_rss_mib();
+  const auto pages = model.checkpoint().page_stats();
+  const double huge_pct = 100.0 * static_cast<double>(pages.huge) / static_cast<double>(std::max<size_t>(1, pages.resident));
 
   // Rooflines from this process's own measurement of the machine.
   std::vector<float> bw_buf((512ll << 20) / 4, 1.0f);
@@ -124,13 +129,14 @@ int main(int argc, char** argv) {
   const double ckpt_mib = model.checkpoint().total_bytes() / 1048576.0, kv_mib = cache->bytes() / 1048576.0;
 
   if (a.markdown) {
-    std::printf("| %s | %d | %s, %s | %.1f | %.1f | %.0f%% | %.2f | %.2f | %.0f%% | %.0f | %.0f + %.0f | %.2f |\n",
-                a.model.c_str(), a.threads, a.fast_prefill ? "fast" : "accurate",
-                a.weights_in_memory ? "in memory" : "mmap", prefill_tps, prefill_roof_tps,
+    std::printf("| %s | %d | %s%s, %s, %.0f%% | %.1f | %.1f | %.0f%% | %.2f | %.2f | %.0f%% | %.0f | %.0f + %.0f | %.2f |\n",
+                a.model.c_str(), a.threads, a.fast_prefill ? "fast" : "accurate", a.exact_fp8 ? ", exact fp8" : "",
+                a.weights_in_memory ? "in memory" : "mmap", huge_pct, prefill_tps, prefill_roof_tps,
                 100 * prefill_tps / prefill_roof_tps, decode_tps, decode_roof_tps, 100 * decode_tps / decode_roof_tps,
                 rss, ckpt_mib, kv_mib, rss / (ckpt_mib + kv_mib));
   } else {
     std::printf("model %s, %d thread(s), prefill %s\n", a.model.c_str(), a.threads, a.fast_prefill ? "fast" : "accurate");
+    std::printf("  resident weights in 2 MiB pages: %.0f%%\n", huge_pct);
     std::printf("  measured: bandwidth %.1f GB/s, bf16 peak %.1f GFLOPS\n", bandwidth / 1e9, bf16_peak / 1e9);
     std::printf("  active per token: %.1f MB of weights (%.1fM params), %.1f MB of latent cache at ctx %.0f\n",
                 active.bytes / 1e6, active.params / 1e6, kv_read / 1e6, avg_ctx);

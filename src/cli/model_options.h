@@ -16,6 +16,7 @@ struct ModelOptions {
   std::string backend = "cpu";
   int threads = 0;    // 0: all cores
   bool no_mmap = false;
+  bool exact_fp8 = false;
 
   std::string dir() const;
   void add_to(CLI::App& sub);

@@ -13,6 +13,27 @@ constexpr const char* kIndexFile = "model.safetensors.index.json";
 }  // namespace
 
 Result<Checkpoint> Checkpoint::open(const std::filesystem::path& dir, WeightPlacement placement) {
+  MOAT_ASSIGN_OR_RETURN(Checkpoint ckpt, open_files(dir, placement));
+  if (placement == WeightPlacement::mmap) ckpt.populate_if_it_fits();
+  return ckpt;
+}
+
+void Checkpoint::populate_if_it_fits() const {
+  size_t mapped = 0;
+  for (const auto& f : files_) mapped += f->file_size();
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  size_t available_kib = 0, value = 0;
+  while (meminfo >> key >> value) {
+    if (key == "MemAvailable:") available_kib = value;
+    meminfo.ignore(64, '\n');
+  }
+  // MemAvailable counts reclaimable page cache, the checkpoint's own cached pages included
+  if (mapped / 1024 > available_kib / 10 * 9) return;
+  for (const auto& f : files_) f->populate();
+}
+
+Result<Checkpoint> Checkpoint::open_files(const std::filesystem::path& dir, WeightPlacement placement) {
   namespace fs = std::filesystem;
   std::error_code ec;
   Checkpoint ckpt;
@@ -94,6 +115,16 @@ const TensorInfo* Checkpoint::find(std::string_view name) const {
 size_t Checkpoint::total_bytes() const {
   size_t total = 0;
   for (const auto& [name, t] : index_) total += t->nbytes;
+  return total;
+}
+
+SafetensorsFile::PageStats Checkpoint::page_stats() const {
+  SafetensorsFile::PageStats total;
+  for (const auto& f : files_) {
+    const auto s = f->page_stats();
+    total.resident += s.resident;
+    total.huge += s.huge;
+  }
   return total;
 }
 

@@ -25,12 +25,20 @@ class Checkpoint {
   const TensorInfo* find(std::string_view name) const;
   // Bytes of tensor data over all tensors (what loading the whole checkpoint touches).
   size_t total_bytes() const;
+  // Summed over the files (SafetensorsFile::page_stats).
+  SafetensorsFile::PageStats page_stats() const;
   // Every tensor name, sorted.
   std::vector<std::string> names() const;
   const std::filesystem::path& dir() const { return dir_; }
   const std::vector<std::shared_ptr<SafetensorsFile>>& files() const { return files_; }
 
  private:
+  static Result<Checkpoint> open_files(const std::filesystem::path& dir, WeightPlacement placement);
+  // Mapped checkpoints that fit in the memory available are faulted in at load (populate()), so
+  // decode reads them through 2 MiB pages and the first request pays no page faults. Larger ones
+  // stay lazy: populating them would evict their own pages.
+  void populate_if_it_fits() const;
+
   std::filesystem::path dir_;
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
   std::map<std::string, const TensorInfo*, std::less<>> index_;

@@ -5,9 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -31,6 +33,28 @@ std::optional<uint64_t> checked_bytes(const std::vector<int64_t>& shape, size_t 
   return n;
 }
 
+// mmap(fd) read-only at a 2 MiB-aligned address (MAP_FAILED with errno on failure): reserve
+// size + 2 MiB of address space, map the file at the first aligned address inside it, and
+// release the slack on both sides.
+void* map_file_huge_aligned(int fd, size_t size) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  void* reserved = mmap(nullptr, size + kHuge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (reserved == MAP_FAILED) return MAP_FAILED;
+  const auto begin = reinterpret_cast<uintptr_t>(reserved);
+  const uintptr_t aligned = (begin + kHuge - 1) & ~(kHuge - 1);
+  void* map = mmap(reinterpret_cast<void*>(aligned), size, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
+  if (map == MAP_FAILED) {
+    const int err = errno;
+    munmap(reserved, size + kHuge);
+    errno = err;
+    return MAP_FAILED;
+  }
+  if (aligned > begin) munmap(reserved, aligned - begin);
+  const uintptr_t end = aligned + ((size + 4095) & ~size_t{4095});
+  if (begin + size + kHuge > end) munmap(reinterpret_cast<void*>(end), begin + size + kHuge - end);
+  return map;
+}
+
 }  // namespace
 
 std::string shape_str(const std::vector<int64_t>& shape) {
@@ -41,6 +65,36 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 
 SafetensorsFile::~SafetensorsFile() {
   if (map_) munmap(map_, size_);
+}
+
+bool SafetensorsFile::populate() const {
+#ifndef MADV_POPULATE_READ
+  constexpr int MADV_POPULATE_READ = 22;  // Linux 5.14; older headers lack the name
+#endif
+  return map_ && madvise(map_, size_, MADV_POPULATE_READ) == 0;
+}
+
+SafetensorsFile::PageStats SafetensorsFile::page_stats() const {
+  std::ifstream smaps("/proc/self/smaps");
+  const std::string header = fmt::format("{:x}-", reinterpret_cast<uintptr_t>(map_));
+  std::string line;
+  bool inside = false;
+  size_t huge_kib = 0, rss_kib = 0;
+  while (std::getline(smaps, line)) {
+    // a mapping's header line starts with its hex address range; its fields are "Key:  value kB"
+    const bool is_header = !line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) &&
+                           line.find(':') > line.find(' ');
+    if (is_header) {
+      if (inside) break;
+      inside = line.rfind(header, 0) == 0;
+      continue;
+    }
+    if (!inside) continue;
+    for (const char* key : {"FilePmdMapped:", "AnonHugePages:"})
+      if (line.rfind(key, 0) == 0) huge_kib += std::strtoull(line.c_str() + std::strlen(key), nullptr, 10);
+    if (line.rfind("Rss:", 0) == 0) rss_kib = std::strtoull(line.c_str() + 4, nullptr, 10);
+  }
+  return {rss_kib * 1024, huge_kib * 1024};
 }
 
 const TensorInfo* SafetensorsFile::find(std::string_view name) const {
@@ -71,8 +125,10 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::filesy
   void* map = MAP_FAILED;
   if (placement == WeightPlacement::mmap) {
     // MAP_PRIVATE + PROT_READ: the checkpoint is never written through, and pages are shared
-    // with the page cache until evicted.
-    map = mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    // with the page cache until evicted. The mapping starts on a 2 MiB boundary so that file
+    // offsets and addresses agree modulo 2 MiB: only then can the kernel map the page cache's
+    // 2 MiB folios (ext4 and xfs have them since Linux 6.16) with one page-table entry each.
+    map = map_file_huge_aligned(fd, f->size_);
     const int map_errno = errno;
     ::close(fd);  // the mapping keeps the file alive
     if (map == MAP_FAILED) return make_error("{}: mmap failed: {}", file, std::strerror(map_errno));

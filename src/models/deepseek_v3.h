@@ -87,6 +87,7 @@ class DeepseekModel {
     ops::Backend backend = ops::Backend::cpu;
     int64_t max_context = 4096;  // RoPE table length; prompts + outputs must fit
     bool fast_prefill = false;   // bf16 activations for prefill matmuls (ops::set_fast_prefill)
+    bool exact_fp8 = false;      // fp32-accurate activations against fp8 weights (ops::set_fp8_exact_activations)
     WeightPlacement weights = WeightPlacement::mmap;  // see loader/safetensors.h
   };
 

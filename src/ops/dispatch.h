@@ -96,6 +96,12 @@ class OpTable {
 // normalized error. Decode (few tokens per call) is always accurate. Process-wide.
 void set_fast_prefill(bool fast);
 
+// Activations against fp8 weights. Default: rounded to bf16 (W8A16, as GPU engines serve fp8
+// checkpoints; 1/32 of the weights' own e4m3 rounding error), which keeps fp8 decode
+// bandwidth-bound. Exact: bf16 hi + lo as for bf16 weights, fp32-accurate on the dequantized
+// weights, ~1.5x the fp8 decode time on AVX-512 BF16 CPUs. Process-wide.
+void set_fp8_exact_activations(bool exact);
+
 // Parses "reference" / "cpu" / "cuda".
 Result<Backend> parse_backend(std::string_view name);
 

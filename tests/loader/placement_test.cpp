@@ -31,6 +31,24 @@ TEST(WeightPlacement, MemoryHoldsTheSameBytesAsTheMapping) {
   }
 }
 
+// The mapping starts on a 2 MiB boundary (else no 2 MiB page-cache folio can be mapped whole), the
+// small checkpoint was populated at load (every byte resident), and the page statistics read back
+// from /proc/self/smaps are consistent.
+TEST(WeightPlacement, MappingIsHugePageAlignedAndPopulated) {
+  auto ckpt = Checkpoint::open(kRoot / "tests/golden/tiny_fp8", WeightPlacement::mmap);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.error().message;
+  size_t mapped = 0;
+  for (const auto& f : ckpt->files()) {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(f->mapping()) % (uintptr_t{2} << 20), 0u) << f->path();
+    const auto s = f->page_stats();
+    EXPECT_GE(s.resident, f->file_size() / 4096 * 4096) << f->path() << ": populated at load";
+    EXPECT_LE(s.huge, s.resident) << f->path();
+    mapped += f->file_size();
+  }
+  const auto total = ckpt->page_stats();
+  EXPECT_GE(total.resident, mapped / 4096 * 4096 - 4096 * ckpt->files().size());
+}
+
 TEST(WeightPlacement, MemoryModeReportsTruncatedFiles) {
   const auto path = std::filesystem::temp_directory_path() / "moat_placement_truncated.safetensors";
   {

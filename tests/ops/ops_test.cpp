@@ -84,10 +84,11 @@ double tolerance_for(const KernelEntry* k) {
 }
 
 // cpu.matmul_avx512bf16 splits x into bf16 hi + lo and applies fp8 scales in fp32 (fp32-accurate)
-// unless fast prefill is on for T > split_max; f16 weights always round to bf16.
-double matmul_tolerance(const KernelEntry* k, DType dtype, int64_t T, int64_t split_max) {
+// unless fast prefill is on for T > split_max, or the weights are fp8 without exact activations
+// (W8A16); f16 weights always round to bf16.
+double matmul_tolerance(const KernelEntry* k, DType dtype, int64_t T, int64_t split_max, bool fp8_exact) {
   if (k->name != "cpu.matmul_avx512bf16") return tolerance_for(k);
-  if (T > split_max || dtype == DType::F16) return kBf16Dot;
+  if (T > split_max || dtype == DType::F16 || (dtype == DType::F8_E4M3 && !fp8_exact)) return kBf16Dot;
   return kExact;
 }
 
@@ -158,15 +159,20 @@ TEST(OpsMatmul, EveryHostKernelMatchesReference) {
         std::vector<float> ref(static_cast<size_t>(T * s.N));
         fn_of<MatmulFn>(kernels[0])(x.data(), T, tw.w, ref.data());
         for (const KernelEntry* k : kernels)
-          for (int64_t split_max : {std::numeric_limits<int64_t>::max(), int64_t{16}}) {  // accurate, fast prefill
-            if (k->name == "cpu.matmul_avx512bf16") cpu_avx512bf16::set_split_max_tokens(split_max);
-            std::vector<float> out(ref.size(), NAN);
-            fn_of<MatmulFn>(k)(x.data(), T, tw.w, out.data());
-            EXPECT_LE(normalized_error(out, ref), matmul_tolerance(k, dtype, T, split_max))
-                << k->name << " " << dtype_name(dtype) << " N=" << s.N << " K=" << s.K << " T=" << T
-                << " split_max=" << split_max;
-          }
+          for (int64_t split_max : {std::numeric_limits<int64_t>::max(), int64_t{16}})  // accurate, fast prefill
+            for (bool fp8_exact : {false, true}) {
+              if (k->name == "cpu.matmul_avx512bf16") {
+                cpu_avx512bf16::set_split_max_tokens(split_max);
+                cpu_avx512bf16::set_fp8_exact_activations(fp8_exact);
+              }
+              std::vector<float> out(ref.size(), NAN);
+              fn_of<MatmulFn>(k)(x.data(), T, tw.w, out.data());
+              EXPECT_LE(normalized_error(out, ref), matmul_tolerance(k, dtype, T, split_max, fp8_exact))
+                  << k->name << " " << dtype_name(dtype) << " N=" << s.N << " K=" << s.K << " T=" << T
+                  << " split_max=" << split_max << " fp8_exact=" << fp8_exact;
+            }
         cpu_avx512bf16::set_split_max_tokens(std::numeric_limits<int64_t>::max());
+        cpu_avx512bf16::set_fp8_exact_activations(false);
       }
     }
   }

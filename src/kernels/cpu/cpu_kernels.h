@@ -13,6 +13,9 @@ void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y);
 // normalized error ~4e-3) instead of splitting them into bf16 hi + lo (fp32-accurate). Default:
 // never (always accurate). Values below 16 are raised to 16: decode stays accurate.
 void set_split_max_tokens(int64_t max_tokens);
+// fp8 weights: activations are rounded to bf16 (W8A16, default) or split hi + lo like bf16
+// weights (exact: as accurate as fp32 FMAs on the dequantized weights, ~1.5x the decode time).
+void set_fp8_exact_activations(bool exact);
 }
 
 // The portable-vector kernels (cpu_generic.inc), one copy per ISA.

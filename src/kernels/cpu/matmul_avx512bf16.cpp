@@ -11,11 +11,15 @@
 // - W streams from memory exactly once per call: each task owns a range of 4-row groups, walks it
 //   in chunks of rows that stay in L2 (~128 KiB), and runs every token against a chunk before the
 //   next; the microkernel keeps 4 rows x up to 4 tokens of accumulators in registers.
-// - fp8 (accurate mode, the default): weights are decoded in registers (exact e4m3 -> bf16 by two vpermt2b
-//   byte-table lookups per 64 codes) and the 128x128 block scale multiplies the fp32 partial sum
-//   once per block.
-//   fp8 in fast-prefill calls, and f16 always: a chunk of rows is dequantized once to bf16 (scale
-//   folded in, one more bf16 rounding) and reused by all tokens, so decode cost is amortized.
+// - fp8 weights round x to bf16 (W8A16, as GPU engines serve fp8 checkpoints), because here the
+//   split does not come free: decoding 64 e4m3 codes (two vpermt2b byte-table lookups, exact) plus
+//   four dot products instead of two makes the decode GEMV compute-bound at ~65% of the memory
+//   bandwidth on a Sapphire Rapids core, against ~85-90% with two. The error this adds (2^-9
+//   relative per activation) is 1/32 of the weights' own e4m3 rounding (2^-4).
+//   set_fp8_exact_activations(true) restores the split (fp32-accurate on the dequantized weights).
+//   Decode (T <= 4) decodes weights in registers and multiplies each 128x128 block's scale into
+//   its fp32 partial sum; prefill (and f16 always) dequantizes a chunk of rows once to bf16
+//   (scale folded in, one more bf16 rounding) and reuses it for every token.
 // Compiled with a per-region target pragma (no global -march); usable only where the CPU has
 // AVX-512 BF16 and VBMI (Constraints::cpu_isa "avx512bf16": Zen4, Sapphire Rapids and later).
 #include <immintrin.h>
@@ -42,6 +46,7 @@ namespace {
 constexpr int64_t kChunkBytes = 128 * 1024;  // weight rows kept in L2 while tokens sweep them
 constexpr int64_t kMinSplitTokens = 16;      // decode-sized calls always take the accurate path
 std::atomic<int64_t> g_split_max_tokens{std::numeric_limits<int64_t>::max()};
+std::atomic<bool> g_fp8_exact{false};
 
 inline __mmask32 tail_mask(int64_t n) { return n >= 32 ? ~0u : static_cast<__mmask32>((1u << n) - 1u); }
 
@@ -121,6 +126,21 @@ void permute_x64(const uint16_t* xb, int64_t T, int64_t Kp, uint16_t* xp) {
     }
 }
 
+// Software prefetch for decode-sized tiles, which stream each weight byte once. A 4-row group's
+// rows are contiguous, so "g groups ahead at the same k" walks the matrix linearly: the next
+// ~8 KiB go to L1 and ~32 KiB ahead to L2. Measured on 1408x2048, 2048x1408, 512x128 and
+// 102400x2048 bf16 matrices read from DRAM: 99-101% of the streaming-read probe, against 71-93%
+// with one group ahead into L1 only (short rows end before the hardware prefetcher has ramped
+// up on a new group's streams).
+struct Prefetch {
+  int64_t l1_rows, l2_rows;  // distances in rows (whole 4-row groups)
+};
+inline Prefetch prefetch_distances(int64_t group_bytes) {
+  const int64_t l1 = std::max<int64_t>(1, (8192 + group_bytes - 1) / group_bytes);
+  const int64_t l2 = std::max<int64_t>(l1 + 1, (32768 + group_bytes - 1) / group_bytes);
+  return {4 * l1, 4 * l2};
+}
+
 // The four horizontal sums of a0..a3 as one vector {sum a0, sum a1, sum a2, sum a3}: 13 shuffles
 // and adds instead of four separate reductions (the tile epilogue, once per 4 rows x token).
 inline __m256 half(__m512 v) {
@@ -136,7 +156,7 @@ inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 // kSplit: x is hi + lo (xb and xb + lo_off), two dot products per weight vector.
 template <int NR, int NT, bool kSplit>
 void tile_bf16(const uint16_t* w, int64_t ws, const uint16_t* xb, int64_t lo_off, int64_t Kp, int64_t K, float* y,
-               int64_t N, bool accumulate) {
+               int64_t N, bool accumulate, const Prefetch& pf) {
   __m512 acc[NR][NT];
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
@@ -144,12 +164,13 @@ void tile_bf16(const uint16_t* w, int64_t ws, const uint16_t* xb, int64_t lo_off
   for (; k + 32 <= K; k += 32) {
     __m512i wv[NR];
     for (int r = 0; r < NR; ++r) wv[r] = _mm512_loadu_si512(w + r * ws + k);
-    // the next 4-row group, one group ahead: short rows (K = 2048) end before the hardware
-    // prefetcher has ramped up on the new streams
-    // (decode-sized tiles only: in prefill the rows are already in L2 and the prefetches would
-    // take load slots from the dot products)
+    // decode-sized tiles only: in prefill the rows are already in L2 and the prefetches would
+    // take load slots from the dot products
     if constexpr (NT <= 2)
-      for (int r = 0; r < NR; ++r) _mm_prefetch(reinterpret_cast<const char*>(w + (NR + r) * ws + k), _MM_HINT_T0);
+      for (int r = 0; r < NR; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + (pf.l1_rows + r) * ws + k), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w + (pf.l2_rows + r) * ws + k), _MM_HINT_T1);
+      }
     for (int t = 0; t < NT; ++t) {
       const __m512i xv = _mm512_loadu_si512(xb + t * Kp + k);
       for (int r = 0; r < NR; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv);
@@ -184,7 +205,8 @@ void tile_bf16(const uint16_t* w, int64_t ws, const uint16_t* xb, int64_t lo_off
   }
 }
 
-using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, int64_t, float*, int64_t, bool);
+using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, int64_t, float*, int64_t, bool,
+                        const Prefetch&);
 template <int NR, bool S>
 constexpr TileFn kTileRow[4] = {&tile_bf16<NR, 1, S>, &tile_bf16<NR, 2, S>, &tile_bf16<NR, 3, S>, &tile_bf16<NR, 4, S>};
 constexpr const TileFn* kTiles[2][4] = {{kTileRow<1, false>, kTileRow<2, false>, kTileRow<3, false>, kTileRow<4, false>},
@@ -194,11 +216,13 @@ constexpr const TileFn* kTiles[2][4] = {{kTileRow<1, false>, kTileRow<2, false>,
 // lo_off > 0: x is split hi/lo (convert_x), at xb and xb + lo_off.
 void run_rows(const uint16_t* w, int64_t ws, int64_t rows, const uint16_t* xb, int64_t lo_off, int64_t T, int64_t Kp,
               int64_t K, float* y, int64_t N, bool accumulate) {
+  const Prefetch pf = prefetch_distances(4 * ws * 2);
   for (int64_t t0 = 0; t0 < T; t0 += 4) {
     const int64_t nt = std::min<int64_t>(4, T - t0);
     for (int64_t r0 = 0; r0 < rows; r0 += 4) {
       const int64_t nr = std::min<int64_t>(4, rows - r0);
-      kTiles[lo_off > 0][nr - 1][nt - 1](w + r0 * ws, ws, xb + t0 * Kp, lo_off, Kp, K, y + t0 * N + r0, N, accumulate);
+      kTiles[lo_off > 0][nr - 1][nt - 1](w + r0 * ws, ws, xb + t0 * Kp, lo_off, Kp, K, y + t0 * N + r0, N, accumulate,
+                                         pf);
     }
   }
 }
@@ -208,7 +232,7 @@ void run_rows(const uint16_t* w, int64_t ws, int64_t rows, const uint16_t* xb, i
 // straddle scale blocks when block_out is not a multiple of 4).
 template <int NR, int NT, bool kSplit>
 void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xp, int64_t lo_off, int64_t Kp, float* y, int64_t N,
-              const Fp8Tables& tables) {
+              const Fp8Tables& tables, const Prefetch& pf) {
   const int64_t K = w.in_features, bi = w.block_in;
   const uint8_t* rows = static_cast<const uint8_t*>(w.data) + n0 * K;
   // one division per tile, not per row: NR <= block_out rows span at most two scale blocks
@@ -227,7 +251,10 @@ void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xp, int64_t lo_
       const __mmask64 m = tail_mask64(kend - k);
       __m512i wa[NR], wb[NR];
       for (int r = 0; r < NR; ++r) fp8x64_to_bf16(rows + r * K + k, m, tables, wa[r], wb[r]);
-      for (int r = 0; r < NR; ++r) _mm_prefetch(reinterpret_cast<const char*>(rows + (NR + r) * K + k), _MM_HINT_T0);
+      for (int r = 0; r < NR; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(rows + (pf.l1_rows + r) * K + k), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(rows + (pf.l2_rows + r) * K + k), _MM_HINT_T1);
+      }
       for (int t = 0; t < NT; ++t) {
         const __m512i xa = _mm512_loadu_si512(xp + t * Kp + k), xb = _mm512_loadu_si512(xp + t * Kp + k + 32);
         for (int r = 0; r < NR; ++r) {
@@ -259,7 +286,7 @@ void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xp, int64_t lo_
 }
 
 using Fp8TileFn = void (*)(const WeightMatrix&, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t,
-                           const Fp8Tables&);
+                           const Fp8Tables&, const Prefetch&);
 template <int NR, bool S>
 constexpr Fp8TileFn kFp8Row[2] = {&tile_fp8<NR, 1, S>, &tile_fp8<NR, 2, S>};
 constexpr const Fp8TileFn* kFp8Tiles[2][4] = {{kFp8Row<1, false>, kFp8Row<2, false>, kFp8Row<3, false>, kFp8Row<4, false>},
@@ -303,6 +330,8 @@ void dequantize_rows(const WeightMatrix& w, int64_t n0, int64_t rows, int64_t k0
 
 }  // namespace
 
+void set_fp8_exact_activations(bool exact) { g_fp8_exact.store(exact, std::memory_order_relaxed); }
+
 void set_split_max_tokens(int64_t max_tokens) {
   g_split_max_tokens.store(std::max<int64_t>(max_tokens, kMinSplitTokens), std::memory_order_relaxed);
 }
@@ -316,7 +345,10 @@ void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y) {
              "cpu.matmul_avx512bf16: fp8 block_in {} must be a multiple of 64", w.block_in);
   // x is split into bf16 hi + lo (as accurate as fp32 FMAs) unless T exceeds the fast-prefill
   // threshold (set_split_max_tokens), where it is rounded to bf16 once for twice the rate.
-  const bool split = T <= g_split_max_tokens.load(std::memory_order_relaxed);
+  // fp8 weights round x to bf16 at every T unless set_fp8_exact_activations(true): see there.
+  const bool fp8 = w.dtype == DType::F8_E4M3;
+  const bool split = T <= g_split_max_tokens.load(std::memory_order_relaxed) &&
+                     (!fp8 || g_fp8_exact.load(std::memory_order_relaxed));
   thread_local std::vector<uint16_t> xb_buf;  // [T, Kp] hi, then [T, Kp] lo when split
   xb_buf.resize(static_cast<size_t>((split ? 2 : 1) * T * Kp));
   convert_x(x, T, K, Kp, xb_buf.data(), split ? xb_buf.data() + T * Kp : nullptr);
@@ -327,15 +359,17 @@ void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y) {
   // matrix (K = 10944) would stream all of x again. Decode (T <= 4) reads whole rows.
   const int64_t Kb = T <= 4 ? Kp : std::min<int64_t>(Kp, 2048);
   const int64_t chunk_rows = std::clamp<int64_t>(kChunkBytes / (2 * Kb) / 4 * 4, 4, 128);
-  // fp8, accurate mode: weights decoded in registers, block scale on fp32 partial sums (exact).
-  // Fast prefill: chunks dequantized once to bf16 with the scale folded in (W * scale rounded).
-  const bool fp8_direct = w.dtype == DType::F8_E4M3 && split;
+  // fp8 decode (T <= 4), and every fp8 call in exact mode: weights decoded in registers, block
+  // scale on fp32 partial sums. Otherwise (prefill): chunks dequantized once to bf16 with the
+  // scale folded in (W * scale rounded) and reused by every token.
+  const bool fp8_direct = fp8 && (split || T <= 4);
   static const Fp8Tables tables = fp8_tables();  // built once: ~6 us, a few % of a decode call
-  thread_local std::vector<uint16_t> xp_buf;  // [2, T, Kp] hi/lo in lane-split order, fp8 decode only
+  thread_local std::vector<uint16_t> xp_buf;  // [T, Kp] hi (+ [T, Kp] lo) in lane-split order, fp8 only
   if (fp8_direct) {
-    xp_buf.resize(static_cast<size_t>(2 * T * Kp));
-    permute_x64(xb, 2 * T, Kp, xp_buf.data());
+    xp_buf.resize(static_cast<size_t>((split ? 2 : 1) * T * Kp));
+    permute_x64(xb, (split ? 2 : 1) * T, Kp, xp_buf.data());
   }
+  const Prefetch fp8_pf = prefetch_distances(4 * K);
   const uint16_t* xp = xp_buf.data();
   const int64_t groups = (N + 3) / 4;
   thread_pool().parallel_for(groups, [&](int64_t g0, int64_t g1) {
@@ -347,8 +381,8 @@ void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y) {
         for (int64_t r0 = 0; r0 < rows; r0 += 4) {
           const int64_t nr = std::min<int64_t>(4, rows - r0);
           for (int64_t t = 0; t < T; t += 2)
-            kFp8Tiles[1][nr - 1][std::min<int64_t>(2, T - t) - 1](w, n0 + r0, xp + t * Kp, lo_off, Kp,
-                                                                   y + t * N + n0 + r0, N, tables);
+            kFp8Tiles[split][nr - 1][std::min<int64_t>(2, T - t) - 1](w, n0 + r0, xp + t * Kp, lo_off, Kp,
+                                                                       y + t * N + n0 + r0, N, tables, fp8_pf);
         }
         continue;
       }
