@@ -143,12 +143,23 @@ int main(int argc, char** argv) {
       auto fn = reinterpret_cast<MatmulFn>(k->fn);
       for (const Shape& s : shapes) {
         Weights w = make_weights(dtype, s.N, s.K, kLlcSpan);
-        // T = 512 twice: accurate (x split into bf16 hi + lo, the default) and fast prefill
-        // (x rounded to bf16 once: cpu_avx512bf16::set_split_max_tokens)
-        for (auto [T, fast] : {std::pair<int64_t, bool>{1, false}, {512, false}, {512, true}}) {
+        // bf16 weights: T = 512 twice, accurate (x split into bf16 hi + lo, the default) and fast
+        // prefill (x rounded to bf16 once: cpu_avx512bf16::set_split_max_tokens). fp8 weights: x
+        // rounded to bf16 (W8A16, the default) and exact (split: set_fp8_exact_activations).
+        struct Variant {
+          int64_t T;
+          bool fast, exact;
+        };
+        const bool fp8 = dtype == DType::F8_E4M3;
+        for (auto [T, fast, exact] : {Variant{1, false, false}, Variant{1, false, true}, Variant{512, false, false},
+                                      Variant{512, true, false}, Variant{512, false, true}}) {
           const bool is_bf16_kernel = k->name == "cpu.matmul_avx512bf16";
-          if (fast && !is_bf16_kernel) continue;
-          if (is_bf16_kernel) cpu_avx512bf16::set_split_max_tokens(fast ? 16 : std::numeric_limits<int64_t>::max());
+          if ((fast || exact) && !is_bf16_kernel) continue;
+          if (exact != (exact && fp8) || (fast && fp8)) continue;  // exact: fp8 only; fast = default for fp8
+          if (is_bf16_kernel) {
+            cpu_avx512bf16::set_split_max_tokens(fast ? 16 : std::numeric_limits<int64_t>::max());
+            cpu_avx512bf16::set_fp8_exact_activations(exact);
+          }
           std::vector<float> x(static_cast<size_t>(T * s.K)), y(static_cast<size_t>(T * s.N));
           for (float& v : x) v = dist(rng);
           if (threads == thread_counts.front() && T == 1) {  // correctness before speed
@@ -168,7 +179,7 @@ int main(int argc, char** argv) {
           }, T == 1 ? 0.5 : 1.5);
           const std::string what = std::string("matmul ") + std::string(dtype_name(dtype)) + " " +
                                    std::to_string(s.N) + "x" + std::to_string(s.K) + " T=" +
-                                   std::to_string(T) + (fast ? " fast" : "") + " (" + tt + ")";
+                                   std::to_string(T) + (fast ? " fast" : "") + (exact ? " exact" : "") + " (" + tt + ")";
           if (T == 1) {
             const double gbs = static_cast<double>(w.copies[0].bytes()) / sec / 1e9;
             rows.push_back({what, k->name, gbs, bw, 100 * gbs / bw, "GB/s"});
@@ -178,6 +189,7 @@ int main(int argc, char** argv) {
           }
         }
         cpu_avx512bf16::set_split_max_tokens(std::numeric_limits<int64_t>::max());
+        cpu_avx512bf16::set_fp8_exact_activations(false);
       }
     }
 

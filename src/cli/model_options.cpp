@@ -13,7 +13,7 @@ void ModelOptions::add_to(CLI::App& sub) {
   sub.add_option("--backend", backend, "cpu | reference");
   sub.add_option("--threads,-t", threads, "threads (default: all cores)");
   sub.add_flag("--no-mmap", no_mmap,
-               "read weights into memory instead of mapping them (same RSS; faster decode where page-cache reads are slow)");
+               "read weights into anonymous memory instead of mapping them (same RSS)");
   sub.add_flag("--exact-fp8", exact_fp8,
                "fp8 checkpoints: fp32-accurate activations (default rounds them to bf16, W8A16; ~1.5x slower decode)");
 }

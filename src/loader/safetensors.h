@@ -39,8 +39,8 @@ std::string shape_str(const std::vector<int64_t>& shape);
 // Where tensor bytes live once a file is open.
 //  mmap:   mapped read-only from the page cache; nothing is copied (the default).
 //  memory: read once into anonymous, huge-page-advised memory. Costs a read of the file at load
-//          and the same RSS, but decode streams weights ~20% faster on machines where page-cache
-//          memory reads slower than anonymous memory (measured on this project's VMs: BENCHMARKS.md).
+//          and the same RSS; 2 MiB pages whatever state the page cache is in (a mapping gets them
+//          only where the page cache holds 2 MiB folios: see populate()).
 enum class WeightPlacement { mmap, memory };
 
 class SafetensorsFile {
