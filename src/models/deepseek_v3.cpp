@@ -78,8 +78,11 @@ Status DeepseekModel::load_weights() {
     MOAT_ASSIGN_OR_RETURN(A.kv_b_proj, get_matrix(ck, a + "kv_b_proj.weight", heads * (nope + vdim), kv_lora, c));
     MOAT_ASSIGN_OR_RETURN(A.o_proj, get_matrix(ck, a + "o_proj.weight", H, heads * vdim, c));
 
-    // W_UK^T per head: [kv_lora, nope]. Exact in bf16 when kv_b is bf16.
-    const bool keep_bf16 = A.kv_b_proj.dtype == DType::BF16;
+    // W_UK^T per head: [kv_lora, nope]. Exact in bf16 when kv_b is bf16; fp8 kv_b gets bf16
+    // copies too unless activations are exact (the copies are read every decode step, and fp32
+    // ones doubled their bytes against what W8A16 computes with anyway).
+    const bool keep_bf16 = A.kv_b_proj.dtype == DType::BF16 ||
+                           (A.kv_b_proj.dtype == DType::F8_E4M3 && !options_.exact_fp8);
     const size_t n = static_cast<size_t>(heads * kv_lora * nope);
     if (keep_bf16) A.w_uk_t_bf16.resize(n); else A.w_uk_t_f32.resize(n);
     for (int64_t h = 0; h < heads; ++h) {
@@ -91,11 +94,15 @@ Status DeepseekModel::load_weights() {
         }
     }
     if (A.kv_b_proj.dtype == DType::F8_E4M3) {
-      A.w_uv_f32.resize(static_cast<size_t>(heads * vdim * kv_lora));
+      const size_t uv = static_cast<size_t>(heads * vdim * kv_lora);
+      if (keep_bf16) A.w_uv_bf16.resize(uv); else A.w_uv_f32.resize(uv);
       for (int64_t h = 0; h < heads; ++h)
         for (int64_t r = 0; r < vdim; ++r)
-          for (int64_t col = 0; col < kv_lora; ++col)
-            A.w_uv_f32[(h * vdim + r) * kv_lora + col] = A.kv_b_proj.at(h * (nope + vdim) + nope + r, col);
+          for (int64_t col = 0; col < kv_lora; ++col) {
+            const float v = A.kv_b_proj.at(h * (nope + vdim) + nope + r, col);
+            const size_t dst = static_cast<size_t>((h * vdim + r) * kv_lora + col);
+            if (keep_bf16) A.w_uv_bf16[dst] = f32_to_bf16(v); else A.w_uv_f32[dst] = v;
+          }
     }
     for (int64_t h = 0; h < heads; ++h) {
       WeightMatrix w;
@@ -110,8 +117,9 @@ Status DeepseekModel::load_weights() {
       const int64_t row0 = h * (nope + vdim) + nope;
       if (A.kv_b_proj.dtype == DType::F8_E4M3) {
         WeightMatrix uv;
-        uv.dtype = DType::F32;
-        uv.data = A.w_uv_f32.data() + h * vdim * kv_lora;
+        uv.dtype = keep_bf16 ? DType::BF16 : DType::F32;
+        uv.data = keep_bf16 ? static_cast<const void*>(A.w_uv_bf16.data() + h * vdim * kv_lora)
+                            : static_cast<const void*>(A.w_uv_f32.data() + h * vdim * kv_lora);
         uv.out_features = vdim;
         uv.in_features = kv_lora;
         A.w_uv.push_back(uv);

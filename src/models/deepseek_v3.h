@@ -30,12 +30,15 @@ struct MlaWeights {
   WeightMatrix kv_b_proj;                // [heads * (nope + v), kv_lora]: per head W_UK then W_UV
   WeightMatrix o_proj;                   // [hidden, heads * v]
   // W_UK transposed per head, so absorbing q_nope into latent space is a plain matmul:
-  // [heads][kv_lora, nope]. The one weight moat copies (bf16 when kv_b is bf16: exact).
+  // [heads][kv_lora, nope]. The one weight moat copies: bf16 when kv_b is bf16 (exact) or fp8
+  // with bf16 activations (W8A16: one more rounding of the dequantized value, 2^-9), else fp32.
   std::vector<uint16_t> w_uk_t_bf16;
   std::vector<float> w_uk_t_f32;
   std::vector<WeightMatrix> w_uk_t;      // [heads] views of the above
-  std::vector<float> w_uv_f32;           // fp8 checkpoints only: dequantized [heads][v, kv_lora]
-  std::vector<WeightMatrix> w_uv;        // [heads] [v, kv_lora]: row slices of kv_b_proj
+  // fp8 checkpoints only: dequantized [heads][v, kv_lora], in the dtype of w_uk_t
+  std::vector<uint16_t> w_uv_bf16;
+  std::vector<float> w_uv_f32;
+  std::vector<WeightMatrix> w_uv;        // [heads] [v, kv_lora]: row slices of kv_b_proj, or views of the above
 };
 
 struct MlpWeights {  // one expert or a dense MLP
