@@ -5,8 +5,8 @@
 //   prefill roofline = bf16 peak / FLOPs per prompt (2 x active params per token + attention)
 // Prints one markdown table row (--markdown) or a readable summary.
 //
-//   model_bench --model DIR [--threads N] [--prompt-tokens 512] [--decode-tokens 32] [--fast-prefill]
-//               [--weights-in-memory] [--exact-fp8] [--markdown]
+//   model_bench --model DIR [--threads N] [--prompt-tokens 512] [--decode-tokens 32] [--exact]
+//               [--weights-in-memory] [--markdown]
 #include <sys/resource.h>
 
 #include <cstdio>
@@ -32,9 +32,8 @@ struct Args {
   int threads = 1;
   int64_t prompt_tokens = 512;
   int64_t decode_tokens = 32;
-  bool fast_prefill = false;
+  bool exact = false;  // ops::set_exact_activations
   bool weights_in_memory = false;
-  bool exact_fp8 = false;
   bool markdown = false;
 };
 
@@ -55,12 +54,11 @@ int main(int argc, char** argv) {
     else if (s == "--threads") a.threads = std::stoi(next());
     else if (s == "--prompt-tokens") a.prompt_tokens = std::stoll(next());
     else if (s == "--decode-tokens") a.decode_tokens = std::stoll(next());
-    else if (s == "--fast-prefill") a.fast_prefill = true;
+    else if (s == "--exact") a.exact = true;
     else if (s == "--weights-in-memory") a.weights_in_memory = true;
-    else if (s == "--exact-fp8") a.exact_fp8 = true;
     else if (s == "--markdown") a.markdown = true;
     else {
-      std::fprintf(stderr, "usage: model_bench --model DIR [--threads N] [--prompt-tokens N] [--decode-tokens N] [--fast-prefill] [--weights-in-memory] [--exact-fp8] [--markdown]\n");
+      std::fprintf(stderr, "usage: model_bench --model DIR [--threads N] [--prompt-tokens N] [--decode-tokens N] [--exact] [--weights-in-memory] [--markdown]\n");
       return 2;
     }
   }
@@ -68,8 +66,7 @@ int main(int argc, char** argv) {
   constexpr int64_t kWarmupDecodeSteps = 4;
   const int64_t context = a.prompt_tokens + kWarmupDecodeSteps + a.decode_tokens;
   auto loaded = DeepseekModel::load(a.model, {.backend = ops::Backend::cpu, .max_context = context,
-                                              .fast_prefill = a.fast_prefill,
-                                              .exact_fp8 = a.exact_fp8,
+                                              .exact_activations = a.exact,
                                               .weights = a.weights_in_memory ? WeightPlacement::memory
                                                                              : WeightPlacement::mmap});
   if (!loaded) {
@@ -129,13 +126,13 @@ int main(int argc, char** argv) {
   const double ckpt_mib = model.checkpoint().total_bytes() / 1048576.0, kv_mib = cache->bytes() / 1048576.0;
 
   if (a.markdown) {
-    std::printf("| %s | %d | %s%s, %s, %.0f%% | %.1f | %.1f | %.0f%% | %.2f | %.2f | %.0f%% | %.0f | %.0f + %.0f | %.2f |\n",
-                a.model.c_str(), a.threads, a.fast_prefill ? "fast" : "accurate", a.exact_fp8 ? ", exact fp8" : "",
+    std::printf("| %s | %d | %s, %s, %.0f%% | %.1f | %.1f | %.0f%% | %.2f | %.2f | %.0f%% | %.0f | %.0f + %.0f | %.2f |\n",
+                a.model.c_str(), a.threads, a.exact ? "exact" : "default",
                 a.weights_in_memory ? "in memory" : "mmap", huge_pct, prefill_tps, prefill_roof_tps,
                 100 * prefill_tps / prefill_roof_tps, decode_tps, decode_roof_tps, 100 * decode_tps / decode_roof_tps,
                 rss, ckpt_mib, kv_mib, rss / (ckpt_mib + kv_mib));
   } else {
-    std::printf("model %s, %d thread(s), prefill %s\n", a.model.c_str(), a.threads, a.fast_prefill ? "fast" : "accurate");
+    std::printf("model %s, %d thread(s), %s activations\n", a.model.c_str(), a.threads, a.exact ? "exact" : "default");
     std::printf("  resident weights in 2 MiB pages: %.0f%%\n", huge_pct);
     std::printf("  measured: bandwidth %.1f GB/s, bf16 peak %.1f GFLOPS\n", bandwidth / 1e9, bf16_peak / 1e9);
     std::printf("  active per token: %.1f MB of weights (%.1fM params), %.1f MB of latent cache at ctx %.0f\n",

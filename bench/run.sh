@@ -34,7 +34,7 @@ for model in $MODELS; do
   for f in "$model"/*.safetensors; do [[ -f "$f" ]] && dd if="$f" iflag=nocache count=0 status=none || true; done
 done
 model_benchmarks() {
-  echo "| model | threads | prefill matmuls, weights, % in 2 MiB pages | prefill 512 tok/s | roofline | % | decode tok/s | roofline | % | peak RSS MiB | checkpoint + KV MiB | RSS ratio |"
+  echo "| model | threads | activations, weights, % in 2 MiB pages | prefill 512 tok/s | roofline | % | decode tok/s | roofline | % | peak RSS MiB | checkpoint + KV MiB | RSS ratio |"
   echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
   for model in $MODELS; do
     if [[ ! -f "$model/config.json" ]]; then
@@ -45,10 +45,7 @@ model_benchmarks() {
       "$BUILD_DIR/model_bench" --model "$model" --threads "$t" --markdown
       [[ "$model" == models/* ]] && continue
       "$BUILD_DIR/model_bench" --model "$model" --threads "$t" --weights-in-memory --markdown
-      "$BUILD_DIR/model_bench" --model "$model" --threads "$t" --weights-in-memory --fast-prefill --decode-tokens 8 --markdown
-      if grep -q quantization_config "$model/config.json"; then  # fp8: the exact-activation path too
-        "$BUILD_DIR/model_bench" --model "$model" --threads "$t" --exact-fp8 --markdown
-      fi
+      "$BUILD_DIR/model_bench" --model "$model" --threads "$t" --exact --markdown
     done
   done
 }
@@ -79,10 +76,11 @@ model_rows=$(model_benchmarks)
   echo
   echo "$kernels"
   echo
-  echo "cpu.matmul_avx512bf16 is accurate by default: activations are split into bf16 hi + lo (two dot"
-  echo "products per weight vector) and fp8 block scales multiply fp32 partial sums, so results match fp32"
-  echo 'FMAs (the golden model tests compare at 1e-3). `T=512 fast` rows round activations to bf16 once'
-  echo "(cpu_avx512bf16::set_split_max_tokens; normalized error ~4e-3): twice the dot-product rate."
+  echo "cpu.matmul_avx512bf16 rows without a suffix split bf16-weight activations into bf16 hi + lo (two"
+  echo "dot products per weight vector, fp32-accurate) and round them to bf16 against fp8 weights (W8A16)."
+  echo '`fast` rows round bf16-weight activations to bf16 once (normalized error ~4e-3, twice the dot-product'
+  echo 'rate: the default for prefill); `exact` rows split them against fp8 weights too (`moat --exact`).'
+  echo "fp8 block scales always multiply fp32 partial sums."
   echo
   echo "Prefill GEMM: moat uses its own AVX-512 BF16 kernel (cpu.matmul_avx512bf16) for T > 1 too;"
   echo "oneDNN and OpenBLAS are not linked. DESIGN.md's toolchain facts: oneDNN 2.6 bf16 2048^3 reaches"
@@ -91,16 +89,17 @@ model_rows=$(model_benchmarks)
   echo
   echo "## Model decode and prefill"
   echo
-  echo "One stream, greedy, random prompt of 512 tokens then 32 decode steps (8 for the fast-prefill rows)."
+  echo "One stream, greedy, random prompt of 512 tokens then 32 decode steps."
   echo "Rooflines are measured inside each row's process: decode = bandwidth / (active weight bytes +"
   echo "fp32 latent cache read per token); prefill = bf16 peak / (2 x active params x 512 + absorbed"
   echo "attention FLOPs). k3-nano (16 MiB) fits in the caches, so its DRAM roofline is only indicative."
   echo "RSS ratio = peak RSS / (checkpoint + KV pool); weights are mmapped, not copied."
-  echo "\`accurate\` prefill keeps fp32-accurate activations (the golden-test path); \`fast\` rounds them"
-  echo "to bf16 (\`moat generate --fast-prefill\`). fp8 checkpoints (bench-fp8) round activations to bf16"
-  echo "against fp8 weights by default (W8A16, as GPU engines serve them; 1/32 of the weights' own e4m3"
-  echo "error); \`exact fp8\` rows keep them fp32-accurate (\`--exact-fp8\`), which costs two more dot"
-  echo "products per 64 codes and makes the fp8 GEMV compute-bound. \`mmap\` maps the checkpoint (the"
+  echo "\`default\` activations (ops::set_exact_activations): fp32-accurate where that is free (decode on"
+  echo "bf16 weights: bf16 hi + lo, two dot products per weight vector, still bandwidth-bound), rounded"
+  echo "to bf16 in prefill and against fp8 weights (W8A16), as GPU engines run them. \`exact\` rows"
+  echo "(\`--exact\`, what the golden tests hold to 1e-3) keep every matmul fp32-accurate: prefill does"
+  echo "twice the dot products (so at most ~50% of the bf16 peak in useful FLOPs) and the fp8 decode"
+  echo "GEMV becomes compute-bound. \`mmap\` maps the checkpoint (the"
   echo "default, zero copy) at a 2 MiB-aligned address and populates it at load, so the page cache's 2 MiB"
   echo "folios are mapped whole (the % column: share of resident weights in 2 MiB pages; 4 KiB pages cost"
   echo "a TLB miss per page, ~20% of decode speed on this VM). \`in memory\` reads the checkpoint into"

@@ -28,7 +28,6 @@ struct GenerateArgs {
   int64_t max_context = 4096;
   bool no_bos = false;
   bool ignore_eos = false;
-  bool fast_prefill = false;
   bool chat = false;
   std::string system;
 };
@@ -55,7 +54,7 @@ int run_generate(const GenerateArgs& a) {
     fmt::print(stderr, "error: {}\n", tokenizer.error().message);
     return 1;
   }
-  auto model = a.model.load(a.max_context, a.fast_prefill);
+  auto model = a.model.load(a.max_context);
   if (!model) {
     fmt::print(stderr, "error: {}\n", model.error().message);
     return 1;
@@ -123,8 +122,6 @@ void setup(CLI::App& sub, int& exit_code) {
   sub.add_flag("--ignore-eos", args->ignore_eos, "keep generating past end-of-sequence");
   sub.add_flag("--chat", args->chat, "wrap the prompt in the model's chat template as a user turn");
   sub.add_option("--system", args->system, "system message for --chat");
-  sub.add_flag("--fast-prefill", args->fast_prefill,
-               "bf16 activations in prefill matmuls: ~2x prefill speed, ~4e-3 relative logit error");
   sub.callback([args, &exit_code] { exit_code = run_generate(*args); });
 }
 

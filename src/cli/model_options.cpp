@@ -14,17 +14,17 @@ void ModelOptions::add_to(CLI::App& sub) {
   sub.add_option("--threads,-t", threads, "threads (default: all cores)");
   sub.add_flag("--no-mmap", no_mmap,
                "read weights into anonymous memory instead of mapping them (same RSS)");
-  sub.add_flag("--exact-fp8", exact_fp8,
-               "fp8 checkpoints: fp32-accurate activations (default rounds them to bf16, W8A16; ~1.5x slower decode)");
+  sub.add_flag("--exact", exact,
+               "fp32-accurate activations in every matmul (default: bf16 in prefill and against fp8 weights, "
+               "like GPU engines; exact costs ~2x prefill time and ~1.3x fp8 decode time)");
 }
 
-Result<std::unique_ptr<DeepseekModel>> ModelOptions::load(int64_t max_context, bool fast_prefill) const {
+Result<std::unique_ptr<DeepseekModel>> ModelOptions::load(int64_t max_context) const {
   if (threads > 0) set_num_threads(threads);
   MOAT_ASSIGN_OR_RETURN(ops::Backend parsed, ops::parse_backend(backend));
   return DeepseekModel::load(dir(), {.backend = parsed,
                                      .max_context = max_context,
-                                     .fast_prefill = fast_prefill,
-                                     .exact_fp8 = exact_fp8,
+                                     .exact_activations = exact,
                                      .weights = no_mmap ? WeightPlacement::memory : WeightPlacement::mmap});
 }
 

@@ -16,12 +16,12 @@ struct ModelOptions {
   std::string backend = "cpu";
   int threads = 0;    // 0: all cores
   bool no_mmap = false;
-  bool exact_fp8 = false;
+  bool exact = false;  // ops::set_exact_activations
 
   std::string dir() const;
   void add_to(CLI::App& sub);
   // Sizes the thread pool, then loads. Errors name the flag or the file at fault.
-  Result<std::unique_ptr<DeepseekModel>> load(int64_t max_context, bool fast_prefill = false) const;
+  Result<std::unique_ptr<DeepseekModel>> load(int64_t max_context) const;
 };
 
 }  // namespace moat::cli

@@ -27,8 +27,7 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::filesystem
   MOAT_ASSIGN_OR_RETURN(ops::ModelOpNeeds needs, model_op_needs(model->config_, 1));
   MOAT_ASSIGN_OR_RETURN(model->ops_, ops::OpTable::resolve(options.backend, needs));
   if (options.max_context <= 0) return make_error("max context must be > 0, got {}", options.max_context);
-  ops::set_fast_prefill(options.fast_prefill);
-  ops::set_fp8_exact_activations(options.exact_fp8);
+  ops::set_exact_activations(options.exact_activations);
   model->rope_ = build_rope_table(model->config_, options.max_context);
   model->softmax_scale_ = static_cast<float>(model->config_.softmax_scale());
   MOAT_TRY(model->load_weights());
@@ -82,7 +81,7 @@ Status DeepseekModel::load_weights() {
     // copies too unless activations are exact (the copies are read every decode step, and fp32
     // ones doubled their bytes against what W8A16 computes with anyway).
     const bool keep_bf16 = A.kv_b_proj.dtype == DType::BF16 ||
-                           (A.kv_b_proj.dtype == DType::F8_E4M3 && !options_.exact_fp8);
+                           (A.kv_b_proj.dtype == DType::F8_E4M3 && !options_.exact_activations);
     const size_t n = static_cast<size_t>(heads * kv_lora * nope);
     if (keep_bf16) A.w_uk_t_bf16.resize(n); else A.w_uk_t_f32.resize(n);
     for (int64_t h = 0; h < heads; ++h) {

@@ -31,7 +31,7 @@ struct MlaWeights {
   WeightMatrix o_proj;                   // [hidden, heads * v]
   // W_UK transposed per head, so absorbing q_nope into latent space is a plain matmul:
   // [heads][kv_lora, nope]. The one weight moat copies: bf16 when kv_b is bf16 (exact) or fp8
-  // with bf16 activations (W8A16: one more rounding of the dequantized value, 2^-9), else fp32.
+  // without exact activations (W8A16: one more rounding of the dequantized value, 2^-9), else fp32.
   std::vector<uint16_t> w_uk_t_bf16;
   std::vector<float> w_uk_t_f32;
   std::vector<WeightMatrix> w_uk_t;      // [heads] views of the above
@@ -89,8 +89,7 @@ class DeepseekModel {
   struct Options {
     ops::Backend backend = ops::Backend::cpu;
     int64_t max_context = 4096;  // RoPE table length; prompts + outputs must fit
-    bool fast_prefill = false;   // bf16 activations for prefill matmuls (ops::set_fast_prefill)
-    bool exact_fp8 = false;      // fp32-accurate activations against fp8 weights (ops::set_fp8_exact_activations)
+    bool exact_activations = false;  // fp32-accurate activations in every matmul (ops::set_exact_activations)
     WeightPlacement weights = WeightPlacement::mmap;  // see loader/safetensors.h
   };
 

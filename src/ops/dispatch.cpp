@@ -13,11 +13,10 @@
 
 namespace moat::ops {
 
-void set_fast_prefill(bool fast) {
-  cpu_avx512bf16::set_split_max_tokens(fast ? 16 : std::numeric_limits<int64_t>::max());
+void set_exact_activations(bool exact) {
+  cpu_avx512bf16::set_split_max_tokens(exact ? std::numeric_limits<int64_t>::max() : 16);
+  cpu_avx512bf16::set_fp8_exact_activations(exact);
 }
-
-void set_fp8_exact_activations(bool exact) { cpu_avx512bf16::set_fp8_exact_activations(exact); }
 
 Result<Backend> parse_backend(std::string_view name) {
   for (int i = 0; i < static_cast<int>(kBackendNames.size()); ++i)

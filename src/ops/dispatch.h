@@ -90,17 +90,16 @@ class OpTable {
   ArgmaxFn argmax_ = nullptr;
 };
 
-// Precision of prefill matmuls (calls with more than 16 tokens). Accurate (default): activations
-// keep fp32 accuracy (bf16 hi + lo on AVX-512 BF16), matching the reference within the golden
-// tolerance. Fast: activations are rounded to bf16 once, twice the dot-product rate, ~4e-3
-// normalized error. Decode (few tokens per call) is always accurate. Process-wide.
-void set_fast_prefill(bool fast);
-
-// Activations against fp8 weights. Default: rounded to bf16 (W8A16, as GPU engines serve fp8
-// checkpoints; 1/32 of the weights' own e4m3 rounding error), which keeps fp8 decode
-// bandwidth-bound. Exact: bf16 hi + lo as for bf16 weights, fp32-accurate on the dequantized
-// weights, ~1.5x the fp8 decode time on AVX-512 BF16 CPUs. Process-wide.
-void set_fp8_exact_activations(bool exact);
+// Precision of matmul activations on CPUs with AVX-512 BF16 (process-wide).
+// Default: fp32-accurate (bf16 hi + lo, two dot products per weight vector) only where that is
+// free, i.e. decode-sized calls (<= 16 tokens) on bf16 weights, which are bandwidth-bound.
+// Prefill calls and every call on fp8 weights round activations to bf16 once, as GPU engines
+// do (bf16 activations; W8A16 for fp8): twice the prefill rate, fp8 decode bandwidth-bound
+// instead of compute-bound, ~4e-3 normalized error per matmul (for fp8, 1/32 of the weights'
+// own e4m3 rounding).
+// Exact: fp32-accurate everywhere, what the golden tests hold to 1e-3 against the reference;
+// ~2x the prefill time, ~1.3x the fp8 decode time.
+void set_exact_activations(bool exact);
 
 // Parses "reference" / "cpu" / "cuda".
 Result<Backend> parse_backend(std::string_view name);

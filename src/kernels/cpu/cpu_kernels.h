@@ -9,9 +9,9 @@ namespace moat::ops {
 // AVX-512 BF16 matmul for bf16 / f16 / fp8-block weights (matmul_avx512bf16.cpp).
 namespace cpu_avx512bf16 {
 void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y);
-// Calls with more than max_tokens tokens round the activations to bf16 once (fast prefill,
-// normalized error ~4e-3) instead of splitting them into bf16 hi + lo (fp32-accurate). Default:
-// never (always accurate). Values below 16 are raised to 16: decode stays accurate.
+// Calls with more than max_tokens tokens round the activations to bf16 once (prefill, normalized
+// error ~4e-3) instead of splitting them into bf16 hi + lo (fp32-accurate). Default 16, the
+// minimum: decode-sized calls always split (free there). ops::set_exact_activations sets both.
 void set_split_max_tokens(int64_t max_tokens);
 // fp8 weights: activations are rounded to bf16 (W8A16, default) or split hi + lo like bf16
 // weights (exact: as accurate as fp32 FMAs on the dequantized weights, ~1.5x the decode time).

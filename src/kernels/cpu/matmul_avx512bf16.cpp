@@ -3,11 +3,11 @@
 // scales.
 //
 // - The fp32 activations are converted to bf16 once per call (x_bf16: [T, Kp], Kp = K rounded up
-//   to 64, zero padded), so the inner loop is vdpbf16ps (fp32 accumulate). By default x is split
-//   into bf16 hi + lo and each weight vector takes two dot products: as accurate as fp32 FMAs
-//   (the golden model tests compare at 1e-3). set_split_max_tokens(n) opts calls with more than
-//   n tokens (prefill, compute-bound) into rounding x to bf16 once: twice the dot-product rate,
-//   normalized error ~4e-3.
+//   to 64, zero padded), so the inner loop is vdpbf16ps (fp32 accumulate). Calls of at most
+//   set_split_max_tokens(n) tokens (default 16: decode) split x into bf16 hi + lo and each weight
+//   vector takes two dot products: as accurate as fp32 FMAs, and free when bandwidth-bound.
+//   Longer calls (prefill, compute-bound) round x to bf16 once: twice the dot-product rate,
+//   normalized error ~4e-3. n = max keeps every call exact (the golden tests, at 1e-3).
 // - W streams from memory exactly once per call: each task owns a range of 4-row groups, walks it
 //   in chunks of rows that stay in L2 (~128 KiB), and runs every token against a chunk before the
 //   next; the microkernel keeps 4 rows x up to 4 tokens of accumulators in registers.
@@ -45,7 +45,7 @@ namespace {
 
 constexpr int64_t kChunkBytes = 128 * 1024;  // weight rows kept in L2 while tokens sweep them
 constexpr int64_t kMinSplitTokens = 16;      // decode-sized calls always take the accurate path
-std::atomic<int64_t> g_split_max_tokens{std::numeric_limits<int64_t>::max()};
+std::atomic<int64_t> g_split_max_tokens{kMinSplitTokens};  // ops::set_exact_activations(false)
 std::atomic<bool> g_fp8_exact{false};
 
 inline __mmask32 tail_mask(int64_t n) { return n >= 32 ? ~0u : static_cast<__mmask32>((1u << n) - 1u); }
