@@ -34,11 +34,11 @@ for model in $MODELS; do
   for f in "$model"/*.safetensors; do [[ -f "$f" ]] && dd if="$f" iflag=nocache count=0 status=none || true; done
 done
 model_benchmarks() {
-  echo "| model | threads | activations, weights, % in 2 MiB pages | prefill 512 tok/s | roofline | % | decode tok/s | roofline | % | peak RSS MiB | checkpoint + KV MiB | RSS ratio |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| model | threads | activations, weights, % in 2 MiB pages | GB/s weights' memory / fresh buffer | prefill 512 tok/s | roofline | % | decode tok/s | roofline | % | peak RSS MiB | checkpoint + KV MiB | RSS ratio |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
   for model in $MODELS; do
     if [[ ! -f "$model/config.json" ]]; then
-      echo "| $model | - | - | not generated on this machine (see bench/run.sh) | | | | | | | | |"
+      echo "| $model | - | - | - | not generated on this machine (see bench/run.sh) | | | | | | | | |"
       continue
     fi
     for t in ${THREADS//,/ }; do
@@ -91,7 +91,10 @@ model_rows=$(model_benchmarks)
   echo
   echo "One stream, greedy, random prompt of 512 tokens then 32 decode steps."
   echo "Rooflines are measured inside each row's process: decode = bandwidth / (active weight bytes +"
-  echo "fp32 latent cache read per token); prefill = bf16 peak / (2 x active params x 512 + absorbed"
+  echo "fp32 latent cache read per token), the bandwidth of summing 1 GiB of the weights' own memory (the"
+  echo "mapping, or the --no-mmap copy). On this VM that differs run to run by where the page cache landed:"
+  echo "a fully 2 MiB-mapped page-cache file has read at 11 GB/s while a fresh buffer read at 16 GB/s (host"
+  echo "paging the guest cannot see); both are shown. prefill = bf16 peak / (2 x active params x 512 + absorbed"
   echo "attention FLOPs). k3-nano (16 MiB) fits in the caches, so its DRAM roofline is only indicative."
   echo "RSS ratio = peak RSS / (checkpoint + KV pool); weights are mmapped, not copied."
   echo "\`default\` activations (ops::set_exact_activations): fp32-accurate where that is free (decode on"
