@@ -58,17 +58,21 @@ __attribute__((target("avx512f"))) inline float sum_range(const float* p, int64_
 }
 
 // GB/s reading a buffer far larger than the caches, split over the pool's threads.
-// GB/s summing n floats at p (any readable memory: a fresh buffer, or the weights' own mapping).
-inline double read_bandwidth_gbs(const float* p, int64_t n) {
+// GB/s summing the float regions {pointer, count} in turn (any readable memory: a fresh buffer,
+// or the weights' own mappings).
+inline double read_bandwidth_gbs(const std::vector<std::pair<const float*, int64_t>>& regions) {
   std::vector<float> sink(64);
+  double bytes = 0;
+  for (const auto& [p, n] : regions) bytes += static_cast<double>(n / 4096 * 4096) * 4.0;
   const double s = time_per_call([&] {
-    thread_pool().parallel_for(
-        n / 4096, [&](int64_t b, int64_t e) { sink[0] += sum_range(p + b * 4096, (e - b) * 4096); }, 1);
+    for (const auto& [p, n] : regions)
+      thread_pool().parallel_for(
+          n / 4096, [&, p = p](int64_t b, int64_t e) { sink[0] += sum_range(p + b * 4096, (e - b) * 4096); }, 1);
   }, 1.0);
-  return static_cast<double>(n / 4096 * 4096) * 4.0 / s / 1e9;
+  return bytes / s / 1e9;
 }
 inline double read_bandwidth_gbs(const std::vector<float>& buf) {
-  return read_bandwidth_gbs(buf.data(), static_cast<int64_t>(buf.size()));
+  return read_bandwidth_gbs({{buf.data(), static_cast<int64_t>(buf.size())}});
 }
 
 // GFLOPS of vdpbf16ps (2 flops per bf16 pair: 32 multiply-adds per instruction), 12 independent
