@@ -40,7 +40,7 @@ using namespace moat::ops;
 using namespace moat::bench;
 
 struct Weights {
-  std::vector<uint8_t> bytes;
+  HugeBuffer<uint8_t> bytes{0};
   std::vector<float> scales;
   std::vector<WeightMatrix> copies;
 };
@@ -50,7 +50,7 @@ Weights make_weights(DType dtype, int64_t N, int64_t K, int64_t min_total_bytes)
   Weights w;
   const int64_t one = N * K * static_cast<int64_t>(dtype_size(dtype));
   const int64_t copies = std::max<int64_t>(1, (min_total_bytes + one - 1) / one);
-  w.bytes.resize(static_cast<size_t>(copies * one));
+  w.bytes = HugeBuffer<uint8_t>(static_cast<size_t>(copies * one));
   std::mt19937 rng(7);
   std::normal_distribution<float> dist(0.0f, 0.02f);
   for (int64_t i = 0; i < copies * N * K; ++i) {
@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const int64_t kLlcSpan = 256ll << 20;  // cycle through >= 256 MiB of weights
-  std::vector<float> bw_buf((512ll << 20) / 4, 1.0f);
+  HugeBuffer<float> bw_buf((512ll << 20) / 4);
 
   struct Shape {
     int64_t N, K;

@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
   const double huge_pct = 100.0 * static_cast<double>(pages.huge) / static_cast<double>(std::max<size_t>(1, pages.resident));
 
   // Rooflines from this process's own measurement of the machine.
-  std::vector<float> bw_buf((512ll << 20) / 4, 1.0f);
+  bench::HugeBuffer<float> bw_buf((512ll << 20) / 4);
   const double fresh_bandwidth = bench::read_bandwidth_gbs(bw_buf) * 1e9;
   double bandwidth = fresh_bandwidth;
   if (model.checkpoint().total_bytes() >= (512ull << 20)) {

@@ -126,19 +126,27 @@ void permute_x64(const uint16_t* xb, int64_t T, int64_t Kp, uint16_t* xp) {
     }
 }
 
-// Software prefetch for decode-sized tiles, which stream each weight byte once. A 4-row group's
-// rows are contiguous, so "g groups ahead at the same k" walks the matrix linearly: the next
-// ~8 KiB go to L1 and ~32 KiB ahead to L2. Measured on 1408x2048, 2048x1408, 512x128 and
-// 102400x2048 bf16 matrices read from DRAM: 99-101% of the streaming-read probe, against 71-93%
-// with one group ahead into L1 only (short rows end before the hardware prefetcher has ramped
-// up on a new group's streams).
-struct Prefetch {
-  int64_t l1_rows, l2_rows;  // distances in rows (whole 4-row groups)
+// Software prefetch for decode-sized tiles, which stream each weight byte once. A tile reads its 4
+// rows side by side, so each row is prefetched a fixed distance ahead of its own read position,
+// continuing into the same row of the following groups when it runs off the end: ~2 KiB per row
+// (~8 KiB of the stream) into L1 and ~8 KiB per row (~32 KiB) into L2, whatever the row length.
+// Measured on bf16 matrices read from DRAM: 97-101% of the streaming-read probe on 1408x2048,
+// 2048x1408, 512x128 and 102400x2048, against 71-93% with one group ahead into L1 only (short
+// rows ended before the hardware prefetcher ramped up on each new group), and 91% -> see
+// BENCHMARKS.md on 2048x10944, where "one group ahead" put the L1 target 87 KiB away.
+struct PrefetchCursor {
+  int64_t rows_ahead, k;  // prefetch row r + rows_ahead at column k (whole 4-row groups ahead)
+  // one step of `step` columns along rows of K columns
+  void advance(int64_t step, int64_t K) {
+    for (k += step; k >= K; k -= K) rows_ahead += 4;
+  }
 };
-inline Prefetch prefetch_distances(int64_t group_bytes) {
-  const int64_t l1 = std::max<int64_t>(1, (8192 + group_bytes - 1) / group_bytes);
-  const int64_t l2 = std::max<int64_t>(l1 + 1, (32768 + group_bytes - 1) / group_bytes);
-  return {4 * l1, 4 * l2};
+struct Prefetch {
+  PrefetchCursor l1, l2;  // where each starts for a tile reading from column 0
+};
+inline PrefetchCursor cursor_at(int64_t distance, int64_t K) { return {4 * (distance / K), distance % K}; }
+inline Prefetch prefetch_distances(int64_t K, int64_t elem_bytes) {
+  return {cursor_at(2048 / elem_bytes, K), cursor_at(8192 / elem_bytes, K)};
 }
 
 // The four horizontal sums of a0..a3 as one vector {sum a0, sum a1, sum a2, sum a3}: 13 shuffles
@@ -161,16 +169,20 @@ void tile_bf16(const uint16_t* w, int64_t ws, const uint16_t* xb, int64_t lo_off
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
   int64_t k = 0;
+  PrefetchCursor p1 = pf.l1, p2 = pf.l2;
   for (; k + 32 <= K; k += 32) {
     __m512i wv[NR];
     for (int r = 0; r < NR; ++r) wv[r] = _mm512_loadu_si512(w + r * ws + k);
     // decode-sized tiles only: in prefill the rows are already in L2 and the prefetches would
     // take load slots from the dot products
-    if constexpr (NT <= 2)
+    if constexpr (NT <= 2) {
       for (int r = 0; r < NR; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(w + (pf.l1_rows + r) * ws + k), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(w + (pf.l2_rows + r) * ws + k), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(w + (p1.rows_ahead + r) * ws + p1.k), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w + (p2.rows_ahead + r) * ws + p2.k), _MM_HINT_T1);
       }
+      p1.advance(32, K);
+      p2.advance(32, K);
+    }
     for (int t = 0; t < NT; ++t) {
       const __m512i xv = _mm512_loadu_si512(xb + t * Kp + k);
       for (int r = 0; r < NR; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv);
@@ -216,7 +228,7 @@ constexpr const TileFn* kTiles[2][4] = {{kTileRow<1, false>, kTileRow<2, false>,
 // lo_off > 0: x is split hi/lo (convert_x), at xb and xb + lo_off.
 void run_rows(const uint16_t* w, int64_t ws, int64_t rows, const uint16_t* xb, int64_t lo_off, int64_t T, int64_t Kp,
               int64_t K, float* y, int64_t N, bool accumulate) {
-  const Prefetch pf = prefetch_distances(4 * ws * 2);
+  const Prefetch pf = prefetch_distances(K, 2);
   for (int64_t t0 = 0; t0 < T; t0 += 4) {
     const int64_t nt = std::min<int64_t>(4, T - t0);
     for (int64_t r0 = 0; r0 < rows; r0 += 4) {
@@ -242,6 +254,7 @@ void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xp, int64_t lo_
   __m512 tot[NR][NT];
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t) tot[r][t] = _mm512_setzero_ps();
+  PrefetchCursor p1 = pf.l1, p2 = pf.l2;
   for (int64_t kb = 0, block = 0; kb < K; kb += bi, ++block) {
     const int64_t kend = std::min(K, kb + bi);
     __m512 acc[NR][NT];
@@ -252,9 +265,11 @@ void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xp, int64_t lo_
       __m512i wa[NR], wb[NR];
       for (int r = 0; r < NR; ++r) fp8x64_to_bf16(rows + r * K + k, m, tables, wa[r], wb[r]);
       for (int r = 0; r < NR; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(rows + (pf.l1_rows + r) * K + k), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(rows + (pf.l2_rows + r) * K + k), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(rows + (p1.rows_ahead + r) * K + p1.k), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(rows + (p2.rows_ahead + r) * K + p2.k), _MM_HINT_T1);
       }
+      p1.advance(64, K);
+      p2.advance(64, K);
       for (int t = 0; t < NT; ++t) {
         const __m512i xa = _mm512_loadu_si512(xp + t * Kp + k), xb = _mm512_loadu_si512(xp + t * Kp + k + 32);
         for (int r = 0; r < NR; ++r) {
@@ -369,7 +384,7 @@ void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y) {
     xp_buf.resize(static_cast<size_t>((split ? 2 : 1) * T * Kp));
     permute_x64(xb, (split ? 2 : 1) * T, Kp, xp_buf.data());
   }
-  const Prefetch fp8_pf = prefetch_distances(4 * K);
+  const Prefetch fp8_pf = prefetch_distances(K, 1);
   const uint16_t* xp = xp_buf.data();
   const int64_t groups = (N + 3) / 4;
   thread_pool().parallel_for(groups, [&](int64_t g0, int64_t g1) {
