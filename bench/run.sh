@@ -65,9 +65,9 @@ model_rows=$(model_benchmarks)
   echo
   echo "## Kernels against this run's rooflines"
   echo
-  echo "Rooflines are measured in the same run: memory read bandwidth (512 MiB summed with 512-bit loads)"
+  echo "Rooflines are measured in the same run: memory read bandwidth (512 MiB in 2 MiB pages, summed with 512-bit loads)"
   echo "for T=1 matmul and attention (GB/s of weights or cache read), and the vdpbf16ps peak for T=512"
-  echo "(GFLOPS). Weight sets are cycled through >= 256 MiB so every call reads DRAM, as decode does."
+  echo "(GFLOPS). Weight sets are cycled through >= 256 MiB so every call reads DRAM, as decode does (also in 2 MiB pages)."
   echo "Shapes are [out, in]: 2048x10944 is DeepSeek-V2-Lite's dense down projection, 1408x2048 an expert's"
   echo "gate or up projection. MLA attention over an fp32 latent cache does ~15 flops per cache byte at"
   echo "16 heads, so its roofline is min(fp32 FMA peak, bandwidth x 15), which is the FMA peak here."

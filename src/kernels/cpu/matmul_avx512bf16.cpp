@@ -132,8 +132,8 @@ void permute_x64(const uint16_t* xb, int64_t T, int64_t Kp, uint16_t* xp) {
 // (~8 KiB of the stream) into L1 and ~8 KiB per row (~32 KiB) into L2, whatever the row length.
 // Measured on bf16 matrices read from DRAM: 97-101% of the streaming-read probe on 1408x2048,
 // 2048x1408, 512x128 and 102400x2048, against 71-93% with one group ahead into L1 only (short
-// rows ended before the hardware prefetcher ramped up on each new group), and 91% -> see
-// BENCHMARKS.md on 2048x10944, where "one group ahead" put the L1 target 87 KiB away.
+// rows ended before the hardware prefetcher ramped up on each new group); on 2048x10944 91% -> 95%
+// (a group-granular distance put the L1 target 87 KiB away there).
 struct PrefetchCursor {
   int64_t rows_ahead, k;  // prefetch row r + rows_ahead at column k (whole 4-row groups ahead)
   // one step of `step` columns along rows of K columns
