@@ -323,12 +323,13 @@ struct MlaCase {
   std::vector<std::vector<float>> caches;
   std::vector<const float*> cache_ptrs;
 
-  MlaCase(int64_t T_, int64_t heads_, int64_t kv_lora_, int64_t rope_, std::mt19937& rng)
+  MlaCase(int64_t T_, int64_t heads_, int64_t kv_lora_, int64_t rope_, std::mt19937& rng,
+          std::vector<int> lengths = {1, 3, 17, 600})  // 600: 3 chunks of the cpu kernel
       : T(T_), heads(heads_), kv_lora(kv_lora_), rope(rope_) {
     const int64_t D = kv_lora + rope;
     q = randn(T * heads * D, rng);
     for (int64_t t = 0; t < T; ++t) {
-      kv_len.push_back(static_cast<int32_t>(std::vector<int>{1, 3, 17, 600}[t % 4]));  // 600: 3 chunks
+      kv_len.push_back(static_cast<int32_t>(lengths[t % lengths.size()]));
       caches.push_back(randn(kv_len.back() * D, rng));
     }
     for (auto& c : caches) cache_ptrs.push_back(c.data());
@@ -359,6 +360,23 @@ TEST(OpsMlaAttention, EveryHostKernelMatchesReferenceAtDeclaredHeads) {
               << k->name << " heads=" << heads << " D=" << kv_lora + rope << " T=" << T;
         }
   }
+}
+
+// Long caches are split into spans whose partial softmax states are merged (cpu kernel: spans of
+// >= 1024 rows when tokens are fewer than twice the threads), with ragged span ends.
+TEST(OpsMlaAttention, LongCachesSplitIntoSpansMatchReference) {
+  std::mt19937 rng(10);
+  for (int64_t heads : {8, 16})
+    for (int64_t T : {1, 2}) {
+      const OpShape shape{.heads_per_rank = heads, .head_dim = 576};
+      MlaCase c(T, heads, 512, 64, rng, {5001, 2049});
+      const auto ref = c.reference();
+      for (const KernelEntry* k : host_kernels(OpId::mla_attention, shape)) {
+        std::vector<float> out(ref.size(), NAN);
+        fn_of<MlaAttentionFn>(k)(c.args(out.data()));
+        EXPECT_LE(normalized_error(out, ref), kExact) << k->name << " heads=" << heads << " T=" << T;
+      }
+    }
 }
 
 ModelOpNeeds needs_with_heads(int64_t heads_per_rank) {
