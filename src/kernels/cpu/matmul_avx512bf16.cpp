@@ -145,6 +145,18 @@ struct Prefetch {
   PrefetchCursor l1, l2;  // where each starts for a tile reading from column 0
 };
 inline PrefetchCursor cursor_at(int64_t distance, int64_t K) { return {4 * (distance / K), distance % K}; }
+// Issues the L1 and L2 prefetches for NR rows (row stride `stride` elements of T) and moves both
+// cursors `step` columns on.
+template <int NR, typename T>
+inline void prefetch_rows(const T* rows, int64_t stride, int64_t step, int64_t K, PrefetchCursor& l1,
+                          PrefetchCursor& l2) {
+  for (int r = 0; r < NR; ++r) {
+    _mm_prefetch(reinterpret_cast<const char*>(rows + (l1.rows_ahead + r) * stride + l1.k), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(rows + (l2.rows_ahead + r) * stride + l2.k), _MM_HINT_T1);
+  }
+  l1.advance(step, K);
+  l2.advance(step, K);
+}
 inline Prefetch prefetch_distances(int64_t K, int64_t elem_bytes) {
   return {cursor_at(2048 / elem_bytes, K), cursor_at(8192 / elem_bytes, K)};
 }
@@ -175,14 +187,7 @@ void tile_bf16(const uint16_t* w, int64_t ws, const uint16_t* xb, int64_t lo_off
     for (int r = 0; r < NR; ++r) wv[r] = _mm512_loadu_si512(w + r * ws + k);
     // decode-sized tiles only: in prefill the rows are already in L2 and the prefetches would
     // take load slots from the dot products
-    if constexpr (NT <= 2) {
-      for (int r = 0; r < NR; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(w + (p1.rows_ahead + r) * ws + p1.k), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(w + (p2.rows_ahead + r) * ws + p2.k), _MM_HINT_T1);
-      }
-      p1.advance(32, K);
-      p2.advance(32, K);
-    }
+    if constexpr (NT <= 2) prefetch_rows<NR>(w, ws, 32, K, p1, p2);
     for (int t = 0; t < NT; ++t) {
       const __m512i xv = _mm512_loadu_si512(xb + t * Kp + k);
       for (int r = 0; r < NR; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv);
@@ -264,12 +269,7 @@ void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xp, int64_t lo_
       const __mmask64 m = tail_mask64(kend - k);
       __m512i wa[NR], wb[NR];
       for (int r = 0; r < NR; ++r) fp8x64_to_bf16(rows + r * K + k, m, tables, wa[r], wb[r]);
-      for (int r = 0; r < NR; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(rows + (p1.rows_ahead + r) * K + p1.k), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(rows + (p2.rows_ahead + r) * K + p2.k), _MM_HINT_T1);
-      }
-      p1.advance(64, K);
-      p2.advance(64, K);
+      prefetch_rows<NR>(rows, K, 64, K, p1, p2);
       for (int t = 0; t < NT; ++t) {
         const __m512i xa = _mm512_loadu_si512(xp + t * Kp + k), xb = _mm512_loadu_si512(xp + t * Kp + k + 32);
         for (int r = 0; r < NR; ++r) {
