@@ -117,14 +117,20 @@ Status read_int(const json& obj, const char* key, int64_t* out, const char* wher
                     type_name(*it), it->dump());
 }
 
-Status read_double(const json& obj, const char* key, double* out, const char* where = "") {
+// An optional field of one JSON kind (absent or null leaves *out as it is).
+template <typename T>
+Status read_kind(const json& obj, const char* key, T* out, const char* where, bool (json::*is_kind)() const noexcept,
+                 const char* expected) {
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return ok_status();
-  if (!it->is_number())
-    return make_error("config field '{}{}': expected a number, got {} {}", where, key,
-                      type_name(*it), it->dump());
-  *out = it->get<double>();
+  if (!((*it).*is_kind)())
+    return make_error("config field '{}{}': expected {}, got {} {}", where, key, expected, type_name(*it), it->dump());
+  *out = it->get<T>();
   return ok_status();
+}
+
+Status read_double(const json& obj, const char* key, double* out, const char* where = "") {
+  return read_kind(obj, key, out, where, &json::is_number, "a number");
 }
 
 Status read_bool(const json& obj, const char* key, bool* out) {
@@ -137,13 +143,7 @@ Status read_bool(const json& obj, const char* key, bool* out) {
 }
 
 Status read_string(const json& obj, const char* key, std::string* out, const char* where = "") {
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return ok_status();
-  if (!it->is_string())
-    return make_error("config field '{}{}': expected a string, got {} {}", where, key,
-                      type_name(*it), it->dump());
-  *out = it->get<std::string>();
-  return ok_status();
+  return read_kind(obj, key, out, where, &json::is_string, "a string");
 }
 
 Status require(const json& obj, const char* key) {
