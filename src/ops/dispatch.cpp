@@ -38,9 +38,12 @@ std::vector<ResolvedOp> OpTable::plan(Backend backend, const ModelOpNeeds& needs
   add(OpId::rope, "rope", {});
   add(OpId::silu_mul, "silu_mul", {});
   add(OpId::add_scaled, "add_scaled", {});
-  add(OpId::mla_attention, fmt::format("mla_attention[heads/rank={}, D={}]", needs.heads_per_rank,
-                                       needs.attention_head_dim),
-      OpShape{.heads_per_rank = needs.heads_per_rank, .head_dim = needs.attention_head_dim});
+  add(OpId::store_latent, fmt::format("store_latent[kv={}]", dtype_name(needs.kv_dtype)),
+      OpShape{.head_dim = needs.attention_head_dim, .kv_dtype = needs.kv_dtype});
+  add(OpId::mla_attention, fmt::format("mla_attention[heads/rank={}, D={}, kv={}]", needs.heads_per_rank,
+                                       needs.attention_head_dim, dtype_name(needs.kv_dtype)),
+      OpShape{.heads_per_rank = needs.heads_per_rank, .head_dim = needs.attention_head_dim,
+              .kv_dtype = needs.kv_dtype});
   if (needs.num_experts > 0)
     add(OpId::moe_route, fmt::format("moe_route[E={}, k={}]", needs.num_experts, needs.top_k),
         OpShape{.num_experts = needs.num_experts, .top_k = needs.top_k});
@@ -69,6 +72,7 @@ Result<OpTable> OpTable::resolve(Backend backend, const ModelOpNeeds& needs) {
       case OpId::rope: table.rope_ = reinterpret_cast<RopeFn>(fn); break;
       case OpId::silu_mul: table.silu_mul_ = reinterpret_cast<SiluMulFn>(fn); break;
       case OpId::add_scaled: table.add_scaled_ = reinterpret_cast<AddScaledFn>(fn); break;
+      case OpId::store_latent: table.store_latent_ = reinterpret_cast<StoreLatentFn>(fn); break;
       case OpId::mla_attention:
         table.mla_attention_ = reinterpret_cast<MlaAttentionFn>(fn);
         if (r.resolution.kind == Resolution::Kind::pad_heads) table.mla_pad_to_ = r.resolution.pad_to;

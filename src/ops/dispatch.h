@@ -18,6 +18,7 @@ struct ModelOpNeeds {
   DType embedding_dtype = DType::BF16;
   int64_t heads_per_rank = 0;        // num_attention_heads / tp
   int64_t attention_head_dim = 0;    // kv_lora_rank + qk_rope_head_dim
+  DType kv_dtype = DType::BF16;      // the paged latent cache's element type (--kv-dtype)
   int64_t num_experts = 0;           // 0 for dense models
   int64_t top_k = 0;
 };
@@ -56,6 +57,7 @@ class OpTable {
     silu_mul_(gate, up, T, n, y);
   }
   void add_scaled(float* y, const float* x, float alpha, int64_t n) const { add_scaled_(y, x, alpha, n); }
+  void store_latent(const StoreLatentArgs& args) const { store_latent_(args); }
   // Zero-pads heads to the kernel's supported count when the resolution says PadHeads.
   void mla_attention(const MlaAttentionArgs& args) const;
   void moe_route(const MoeRouteArgs& args) const { moe_route_(args); }
@@ -79,6 +81,7 @@ class OpTable {
   RopeFn rope_ = nullptr;
   SiluMulFn silu_mul_ = nullptr;
   AddScaledFn add_scaled_ = nullptr;
+  StoreLatentFn store_latent_ = nullptr;
   MlaAttentionFn mla_attention_ = nullptr;
   int64_t mla_pad_to_ = 0;  // 0: no padding
   MoeRouteFn moe_route_ = nullptr;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "base/dtype.h"
 #include "base/weight.h"
 
 namespace moat::ops {
@@ -37,15 +38,39 @@ using SiluMulFn = void (*)(const float* gate, const float* up, int64_t T, int64_
 // y[n] += alpha * x[n]
 using AddScaledFn = void (*)(float* y, const float* x, float alpha, int64_t n);
 
-// Absorbed MLA attention, one query token at a time against its own sequence's latent cache.
-// q[t]: [heads, D] where D = kv_lora + rope: (q_nope . W_UK) in the first kv_lora values and the
-// roped q_pe in the last rope values; cache rows [kv_len[t], D]: normed latent then roped k_pe.
-// score = q . row * scale over the first kv_len[t] rows (causality is the caller's kv_len),
-// out[t]: [heads, kv_lora] = softmax(scores) . latent.
+// The paged MLA latent cache of one layer, FlashMLA-style: rows live in fixed-size blocks of
+// block_size rows; row `slot` = block * block_size + offset holds one token's D values (normed
+// latent, then roped k_pe). A block id names the same rows in every layer, so one block table
+// and one slot mapping serve all layers. Pointers are in the backend's memory.
+struct LatentPages {
+  void* rows = nullptr;          // [num_slots, D] in dtype
+  float* row_scale = nullptr;    // [num_slots]: F8_E4M3 only (value = e4m3 * scale), else nullptr
+  DType dtype = DType::BF16;     // F32, BF16 or F8_E4M3
+  int64_t block_size = 0;        // rows per block
+};
+
+// Writes rows[t] into slot slot_mapping[t] of the cache, converting to the cache dtype (bf16:
+// round to nearest even; fp8: per-row scale = max|row| / 448, then e4m3). slot < 0 is skipped.
+struct StoreLatentArgs {
+  const float* rows;               // [T, D]
+  int64_t num_tokens, dim;
+  const int64_t* slot_mapping;     // [T]
+  LatentPages cache;
+};
+using StoreLatentFn = void (*)(const StoreLatentArgs& args);
+
+// Absorbed MLA attention over the paged cache. Query token t belongs to sequence token_seq[t],
+// whose rows are block_tables[token_seq[t]][0..], in order; it attends to the first kv_len[t] of
+// them (causality is the caller's kv_len). q[t]: [heads, D], D = kv_lora + rope: (q_nope . W_UK)
+// in the first kv_lora values and the roped q_pe in the last rope values.
+// score = q . row * scale, out[t]: [heads, kv_lora] = softmax(scores) . latent.
 struct MlaAttentionArgs {
   const float* q;                 // [T, heads, D]
   int64_t num_tokens, num_heads, kv_lora, rope_dim;
-  const float* const* kv_cache;   // [T] -> that token's sequence cache [>= kv_len, D]
+  LatentPages cache;
+  const int32_t* block_tables;    // [num_seqs, max_blocks_per_seq] block ids
+  int64_t max_blocks_per_seq;
+  const int32_t* token_seq;       // [T] row of block_tables
   const int32_t* kv_len;          // [T]
   float scale;
   float* out;                     // [T, heads, kv_lora]

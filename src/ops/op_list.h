@@ -16,7 +16,8 @@ namespace moat::ops {
   X(rope, "rotate interleaved pairs of x[T, heads, rope_dim] by position (YaRN cos/sin table)") \
   X(silu_mul, "y[T, n] = silu(gate[T, n]) * up[T, n]")                                          \
   X(add_scaled, "y[n] += alpha * x[n] (residual adds, expert combine)")                         \
-  X(mla_attention, "absorbed MLA: out[T, heads, kv_lora] = softmax(q.latent^T * scale) . latent") \
+  X(store_latent, "write latent rows [T, D] into the paged cache by slot (bf16 / fp8 + row scale)") \
+  X(mla_attention, "absorbed MLA over the paged cache: out[T, heads, kv_lora] = softmax(q.latent^T * scale) . latent") \
   X(moe_route, "router scores -> top-k experts and weights (noaux_tc groups / greedy)")         \
   X(softmax, "rows of x[T, n] -> probabilities, with temperature")                               \
   X(top_k_renorm_prob, "keep p >= k-th largest (ties kept), renormalize")                       \

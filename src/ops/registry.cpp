@@ -55,6 +55,11 @@ std::vector<std::string> Constraints::check(const OpShape& shape) const {
     reasons.push_back(fmt::format("weight dtype {} not in {{{}}}", dtype_name(shape.weight_dtype),
                                   fmt::join(names, ",")));
   }
+  if (!kv_dtypes.empty() && std::find(kv_dtypes.begin(), kv_dtypes.end(), shape.kv_dtype) == kv_dtypes.end()) {
+    std::vector<std::string_view> names;
+    for (DType d : kv_dtypes) names.push_back(dtype_name(d));
+    reasons.push_back(fmt::format("kv cache dtype {} not in {{{}}}", dtype_name(shape.kv_dtype), fmt::join(names, ",")));
+  }
   if (heads && !heads->allows(shape.heads_per_rank))
     reasons.push_back(fmt::format("heads per rank {} not in {}", shape.heads_per_rank, heads->describe()));
   if (head_dim_multiple_of > 0 && shape.head_dim % head_dim_multiple_of != 0)
@@ -74,6 +79,11 @@ std::string Constraints::describe() const {
     std::vector<std::string_view> names;
     for (DType d : weight_dtypes) names.push_back(dtype_name(d));
     parts.push_back(fmt::format("dtype {{{}}}", fmt::join(names, ",")));
+  }
+  if (!kv_dtypes.empty()) {
+    std::vector<std::string_view> names;
+    for (DType d : kv_dtypes) names.push_back(dtype_name(d));
+    parts.push_back(fmt::format("kv {{{}}}", fmt::join(names, ",")));
   }
   if (heads) parts.push_back("heads " + heads->describe());
   if (head_dim_multiple_of > 0) parts.push_back(fmt::format("head_dim % {} == 0", head_dim_multiple_of));

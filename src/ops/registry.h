@@ -25,6 +25,7 @@ struct OpShape {
   DType weight_dtype = DType::F32;  // matmul, embedding
   int64_t num_experts = 0;     // moe_route
   int64_t top_k = 0;           // moe_route
+  DType kv_dtype = DType::BF16;  // store_latent, mla_attention: the paged cache's element type
 };
 
 // Heads per rank a kernel accepts: any of one_of, or any multiple of multiple_of.
@@ -46,6 +47,7 @@ struct Constraints {
   int64_t max_head_dim = 0;              // 0: any
   int64_t max_experts = 0;               // 0: any
   int64_t max_top_k = 0;                 // 0: any
+  std::vector<DType> kv_dtypes;          // latent cache element types; empty: any
   // CPU instruction set the kernel needs ("avx512bf16", "avx512", "avx2"); checked against the
   // running CPU, so one binary picks the best kernel on any x86-64 machine. Empty: none.
   std::string cpu_isa;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "base/dtype.h"
 #include "ops/kernel_types.h"
 #include "ops/registry.h"
 
@@ -69,11 +70,63 @@ void add_scaled_ref(float* y, const float* x, float alpha, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
-void mla_attention_ref(const MlaAttentionArgs& a) {
-  const int64_t D = a.kv_lora + a.rope_dim;
+// fp8 e4m3's largest finite value: a row's scale maps its largest magnitude there.
+constexpr float kFp8Max = 448.0f;
+
+void store_latent_ref(const StoreLatentArgs& a) {
+  const LatentPages& c = a.cache;
   for (int64_t t = 0; t < a.num_tokens; ++t) {
-    const float* cache = a.kv_cache[t];
+    const int64_t slot = a.slot_mapping[t];
+    if (slot < 0) continue;
+    const float* src = a.rows + t * a.dim;
+    switch (c.dtype) {
+      case DType::F32:
+        std::copy(src, src + a.dim, static_cast<float*>(c.rows) + slot * a.dim);
+        break;
+      case DType::BF16: {
+        uint16_t* dst = static_cast<uint16_t*>(c.rows) + slot * a.dim;
+        for (int64_t d = 0; d < a.dim; ++d) dst[d] = f32_to_bf16(src[d]);
+        break;
+      }
+      case DType::F8_E4M3: {
+        float amax = 0.0f;
+        for (int64_t d = 0; d < a.dim; ++d) amax = std::max(amax, std::fabs(src[d]));
+        const float scale = amax > 0.0f ? amax / kFp8Max : 1.0f;
+        uint8_t* dst = static_cast<uint8_t*>(c.rows) + slot * a.dim;
+        for (int64_t d = 0; d < a.dim; ++d) dst[d] = f32_to_fp8_e4m3(src[d] / scale);
+        c.row_scale[slot] = scale;
+        break;
+      }
+      default: MOAT_CHECK(false, "store_latent: unsupported cache dtype {}", dtype_name(c.dtype));
+    }
+  }
+}
+
+// Row `slot` of the cache as fp32 values.
+void read_latent_row(const LatentPages& c, int64_t slot, int64_t dim, float* out) {
+  switch (c.dtype) {
+    case DType::F32: std::copy_n(static_cast<const float*>(c.rows) + slot * dim, dim, out); break;
+    case DType::BF16:
+      for (int64_t d = 0; d < dim; ++d) out[d] = bf16_to_f32(static_cast<const uint16_t*>(c.rows)[slot * dim + d]);
+      break;
+    case DType::F8_E4M3:
+      for (int64_t d = 0; d < dim; ++d)
+        out[d] = fp8_e4m3_to_f32(static_cast<const uint8_t*>(c.rows)[slot * dim + d]) * c.row_scale[slot];
+      break;
+    default: MOAT_CHECK(false, "mla_attention: unsupported cache dtype {}", dtype_name(c.dtype));
+  }
+}
+
+void mla_attention_ref(const MlaAttentionArgs& a) {
+  const int64_t D = a.kv_lora + a.rope_dim, B = a.cache.block_size;
+  for (int64_t t = 0; t < a.num_tokens; ++t) {
+    const int32_t* blocks = a.block_tables + static_cast<int64_t>(a.token_seq[t]) * a.max_blocks_per_seq;
     const int64_t L = a.kv_len[t];
+    MOAT_CHECK(L <= a.max_blocks_per_seq * B, "kv_len {} beyond the block table ({} blocks of {})", L,
+               a.max_blocks_per_seq, B);
+    // This token's context, gathered from its blocks: [L, D]
+    std::vector<float> cache(static_cast<size_t>(L * D));
+    for (int64_t j = 0; j < L; ++j) read_latent_row(a.cache, blocks[j / B] * B + j % B, D, &cache[j * D]);
     std::vector<double> scores(static_cast<size_t>(L));
     for (int64_t h = 0; h < a.num_heads; ++h) {
       const float* q = a.q + (t * a.num_heads + h) * D;
@@ -259,7 +312,9 @@ void register_reference_kernels(Registry& r) {
   add(OpId::rope, "reference.rope", reinterpret_cast<void*>(&rope_ref));
   add(OpId::silu_mul, "reference.silu_mul", reinterpret_cast<void*>(&silu_mul_ref));
   add(OpId::add_scaled, "reference.add_scaled", reinterpret_cast<void*>(&add_scaled_ref));
-  add(OpId::mla_attention, "reference.mla_attention", reinterpret_cast<void*>(&mla_attention_ref));
+  const Constraints any_kv{.kv_dtypes = {DType::F32, DType::BF16, DType::F8_E4M3}};
+  add(OpId::store_latent, "reference.store_latent", reinterpret_cast<void*>(&store_latent_ref), any_kv);
+  add(OpId::mla_attention, "reference.mla_attention", reinterpret_cast<void*>(&mla_attention_ref), any_kv);
   add(OpId::moe_route, "reference.moe_route", reinterpret_cast<void*>(&moe_route_ref));
   add(OpId::softmax, "reference.softmax", reinterpret_cast<void*>(&softmax_ref));
   add(OpId::top_k_renorm_prob, "reference.top_k_renorm_prob", reinterpret_cast<void*>(&top_k_renorm_ref));
