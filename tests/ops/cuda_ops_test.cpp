@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -79,10 +80,14 @@ std::vector<float> randn(size_t n, std::mt19937& rng, float sd = 1.0f) {
 TEST(CudaOpsRegistry, EveryOpHasACudaKernel) {
   for (int i = 0; i < kNumOps; ++i)
     EXPECT_FALSE(Registry::global().kernels(static_cast<OpId>(i), Backend::cuda).empty()) << kOpNames[i];
-  const Resolution r = Registry::global().resolve(OpId::mla_attention, Backend::cuda,
-                                                  OpShape{.heads_per_rank = 12, .head_dim = 576});
-  EXPECT_EQ(r.kind, Resolution::Kind::pad_heads);
-  EXPECT_EQ(r.pad_to, 16);
+  for (DType kv : {DType::F32, DType::BF16, DType::F8_E4M3}) {
+    const Resolution r = Registry::global().resolve(OpId::mla_attention, Backend::cuda,
+                                                    OpShape{.heads_per_rank = 12, .head_dim = 576, .kv_dtype = kv});
+    EXPECT_EQ(r.kind, Resolution::Kind::pad_heads) << dtype_name(kv);
+    EXPECT_EQ(r.pad_to, 16);
+    EXPECT_EQ(Registry::global().resolve(OpId::store_latent, Backend::cuda, OpShape{.head_dim = 576, .kv_dtype = kv}).kind,
+              Resolution::Kind::kernel);
+  }
 }
 
 TEST_F(CudaOps, Matmul) {
@@ -174,40 +179,97 @@ TEST_F(CudaOps, Rope) {
   EXPECT_LE(normalized_error(dx.host(), ref), kExact);
 }
 
-TEST_F(CudaOps, MlaAttentionIncludingPadHeads) {
-  std::mt19937 rng(4);
-  for (int64_t heads : {4, 8, 12, 16}) {
-    const int64_t T = 3, C = 512, R = 64, D = C + R;
-    const std::vector<int32_t> lens = {1, 17, 300};
-    const auto q = randn(T * heads * D, rng);
-    std::vector<std::vector<float>> caches;
-    std::vector<const float*> host_ptrs;
-    std::vector<std::unique_ptr<Dev<float>>> dcaches;
-    std::vector<const float*> dev_ptrs;
-    for (int32_t L : lens) {
-      caches.push_back(randn(L * D, rng));
-      host_ptrs.push_back(caches.back().data());
-      dcaches.push_back(std::make_unique<Dev<float>>(caches.back()));
-      dev_ptrs.push_back(dcaches.back()->p);
+// A paged cache of `num_blocks` blocks of B rows [D], NaN in every slot nobody writes (fp32 NaN,
+// bf16 0xffff, fp8 0x7f with a NaN row scale): reading one fails the comparison.
+struct HostPages {
+  std::vector<uint8_t> bytes;  // [num_blocks * B, D] in dtype
+  std::vector<float> scales;   // [num_blocks * B]
+  HostPages(DType dtype, int64_t slots, int64_t D) : bytes(slots * D * dtype_size(dtype)), scales(slots, NAN) {
+    if (dtype == DType::F32) {
+      const float nan = NAN;
+      for (int64_t i = 0; i < slots * D; ++i) std::memcpy(&bytes[4 * i], &nan, 4);
+    } else {
+      std::fill(bytes.begin(), bytes.end(), dtype == DType::BF16 ? 0xff : 0x7f);
     }
-    std::vector<float> ref(T * heads * C);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-    ref_fn<MlaAttentionFn>(OpId::mla_attention)(
-        MlaAttentionArgs{q.data(), T, heads, C, R, host_ptrs.data(), lens.data(), scale, ref.data()});
-    Dev<float> dq(q), dout(std::vector<float>(ref.size()));
-    Dev<int32_t> dlens(lens);
-    std::vector<uintptr_t> ptr_bits(dev_ptrs.size());
-    std::memcpy(ptr_bits.data(), dev_ptrs.data(), sizeof(uintptr_t) * dev_ptrs.size());
-    Dev<uintptr_t> dptrs(ptr_bits);
-    // through an OpTable, so 12 heads take the PadHeads path
-    auto table = OpTable::resolve(Backend::cuda, ModelOpNeeds{.matmul_dtypes = {DType::BF16},
-                                                              .heads_per_rank = heads,
-                                                              .attention_head_dim = D});
-    ASSERT_TRUE(table.ok()) << table.error().message;
-    table->mla_attention(MlaAttentionArgs{dq.p, T, heads, C, R, reinterpret_cast<const float* const*>(dptrs.p),
-                                          dlens.p, scale, dout.p});
-    EXPECT_LE(normalized_error(dout.host(), ref), kExact) << "heads=" << heads;
   }
+};
+
+// store_latent writes the same bytes and scales as the reference (scattered slots, one skipped,
+// a zero row, rows of very different magnitudes), then mla_attention over the paged cache
+// (shuffled block ids, several sequences, lengths ending mid-block, length 1) matches the
+// reference reading the same cache, through an OpTable so 12 heads take the PadHeads path.
+TEST_F(CudaOps, PagedLatentCacheStoreAndMlaAttentionIncludingPadHeads) {
+  std::mt19937 rng(4);
+  const int64_t C = 512, R = 64, D = C + R;
+  for (DType dtype : {DType::F32, DType::BF16, DType::F8_E4M3})
+    for (int64_t B : {1, 16, 64}) {
+      const std::vector<int32_t> seq_len = {17, 1, 300, 100};
+      const int64_t S = static_cast<int64_t>(seq_len.size());
+      int64_t max_blocks = 0, used = 0;
+      for (int32_t L : seq_len) {
+        max_blocks = std::max<int64_t>(max_blocks, (L + B - 1) / B);
+        used += (L + B - 1) / B;
+      }
+      const int64_t num_blocks = used + 3, slots_total = num_blocks * B;
+      std::vector<int32_t> ids(num_blocks);
+      for (int64_t i = 0; i < num_blocks; ++i) ids[i] = static_cast<int32_t>(i);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      std::vector<int32_t> tables(S * max_blocks, ids.back());  // unused entries: a never-written block
+      size_t next = 0;
+      std::vector<int64_t> slots;
+      for (int64_t s = 0; s < S; ++s) {
+        for (int64_t b = 0; b < (seq_len[s] + B - 1) / B; ++b) tables[s * max_blocks + b] = ids[next++];
+        for (int64_t j = 0; j < seq_len[s]; ++j) slots.push_back(int64_t{tables[s * max_blocks + j / B]} * B + j % B);
+      }
+      const int64_t rows_total = static_cast<int64_t>(slots.size());
+      auto rows = randn(rows_total * D, rng);
+      for (int64_t d = 0; d < D; ++d) rows[D + d] = 0.0f, rows[2 * D + d] *= 1e-4f, rows[3 * D + d] *= 1e3f;
+      auto store_slots = slots;
+      store_slots.push_back(-1);  // a skipped row
+      rows.resize((rows_total + 1) * D, 1.0f);
+
+      HostPages ref_pages(dtype, slots_total, D);
+      const LatentPages host_cache{ref_pages.bytes.data(), ref_pages.scales.data(), dtype, B};
+      ref_fn<StoreLatentFn>(OpId::store_latent)(StoreLatentArgs{rows.data(), rows_total + 1, D, store_slots.data(), host_cache});
+      HostPages blank(dtype, slots_total, D);
+      Dev<uint8_t> dbytes(blank.bytes);
+      Dev<float> dscales(blank.scales), drows(rows);
+      Dev<int64_t> dslots(store_slots);
+      const LatentPages dev_cache{dbytes.p, dscales.p, dtype, B};
+      cuda_fn<StoreLatentFn>(OpId::store_latent)(StoreLatentArgs{drows.p, rows_total + 1, D, dslots.p, dev_cache});
+      EXPECT_TRUE(dbytes.host() == ref_pages.bytes) << "store_latent " << dtype_name(dtype) << " block " << B;
+      const auto got_scales = dscales.host();
+      EXPECT_EQ(std::memcmp(got_scales.data(), ref_pages.scales.data(), sizeof(float) * got_scales.size()), 0)
+          << "store_latent scales " << dtype_name(dtype) << " block " << B;
+
+      for (int64_t heads : {4, 8, 12, 16}) {
+        const int64_t T = 6;
+        std::vector<int32_t> token_seq(T), kv_len(T);
+        for (int64_t t = 0; t < T; ++t) {
+          token_seq[t] = static_cast<int32_t>(t % S);
+          kv_len[t] = std::max(1, seq_len[t % S] - 5 * static_cast<int32_t>(t / S));
+        }
+        const auto q = randn(T * heads * D, rng);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+        std::vector<float> ref(T * heads * C);
+        ref_fn<MlaAttentionFn>(OpId::mla_attention)(MlaAttentionArgs{q.data(), T, heads, C, R, host_cache, tables.data(),
+                                                                     max_blocks, token_seq.data(), kv_len.data(), scale,
+                                                                     ref.data()});
+        // the device reads the reference's cache, so the comparison is of attention alone
+        Dev<uint8_t> dref_bytes(ref_pages.bytes);
+        Dev<float> dref_scales(ref_pages.scales), dq(q), dout(std::vector<float>(ref.size(), NAN));
+        Dev<int32_t> dtables(tables), dseq(token_seq), dlens(kv_len);
+        auto table = OpTable::resolve(Backend::cuda, ModelOpNeeds{.matmul_dtypes = {DType::BF16},
+                                                                  .heads_per_rank = heads,
+                                                                  .attention_head_dim = D,
+                                                                  .kv_dtype = dtype});
+        ASSERT_TRUE(table.ok()) << table.error().message;
+        table->mla_attention(MlaAttentionArgs{dq.p, T, heads, C, R, LatentPages{dref_bytes.p, dref_scales.p, dtype, B},
+                                              dtables.p, max_blocks, dseq.p, dlens.p, scale, dout.p});
+        EXPECT_LE(normalized_error(dout.host(), ref), kExact)
+            << "heads=" << heads << " kv=" << dtype_name(dtype) << " block=" << B;
+      }
+    }
 }
 
 TEST_F(CudaOps, MoeRoute) {

@@ -1,7 +1,9 @@
 // Every host kernel (reference and cpu backends, every ISA variant this CPU can run) against the
 // reference kernel on random inputs over its declared shapes and the edges: T = 1, 3, 17;
 // dimensions that are not multiples of the vector width; fp8 with ragged 128-blocks; heads
-// 4/8/16/32 directly and 1/12 through PadHeads; sampling rows with ties.
+// 4/8/16/32 directly and 1/12 through PadHeads; the paged latent cache in fp32, bf16 and fp8 with
+// blocks of 1, 16, 64 and 512 rows, scattered block ids and several sequences per call; sampling
+// rows with ties.
 //
 // Error measure: normalized error = max|out - ref| / max|ref|. Tolerances:
 //   kExact   1e-5  fp32 arithmetic in a different order than the reference's double sums (and
@@ -17,6 +19,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -314,76 +317,221 @@ TEST(OpsArgmax, EveryHostKernelMatchesReferenceIncludingTies) {
     }
 }
 
-// ---- MLA attention -----------------------------------------------------------------------------
+// ---- paged latent cache: store_latent and MLA attention ----------------------------------------
 
-struct MlaCase {
-  int64_t T, heads, kv_lora, rope;
-  std::vector<int32_t> kv_len;
-  std::vector<float> q;
-  std::vector<std::vector<float>> caches;
-  std::vector<const float*> cache_ptrs;
+// A pool of num_blocks blocks of B rows [D] in one cache dtype. Every slot starts as NaN (fp32
+// NaN, bf16 0xffff, fp8 0x7f with a NaN row scale), so a kernel that reads a slot nobody wrote
+// produces NaN and fails the comparison (normalized_error is infinite on a NaN mismatch).
+struct TestPages {
+  std::vector<uint8_t> bytes;  // [num_blocks * B, D] in dtype
+  std::vector<float> scales;   // [num_blocks * B]: fp8 only
+  LatentPages pages;
 
-  MlaCase(int64_t T_, int64_t heads_, int64_t kv_lora_, int64_t rope_, std::mt19937& rng,
-          std::vector<int> lengths = {1, 3, 17, 600})  // 600: 3 chunks of the cpu kernel
-      : T(T_), heads(heads_), kv_lora(kv_lora_), rope(rope_) {
-    const int64_t D = kv_lora + rope;
-    q = randn(T * heads * D, rng);
-    for (int64_t t = 0; t < T; ++t) {
-      kv_len.push_back(static_cast<int32_t>(lengths[t % lengths.size()]));
-      caches.push_back(randn(kv_len.back() * D, rng));
+  TestPages(DType dtype, int64_t num_blocks, int64_t B, int64_t D) {
+    const int64_t slots = num_blocks * B;
+    bytes.resize(static_cast<size_t>(slots * D) * dtype_size(dtype));
+    if (dtype == DType::F32) {
+      const float nan = NAN;
+      for (int64_t i = 0; i < slots * D; ++i) std::memcpy(&bytes[4 * i], &nan, 4);
+    } else {
+      std::fill(bytes.begin(), bytes.end(), dtype == DType::BF16 ? 0xff : 0x7f);
     }
-    for (auto& c : caches) cache_ptrs.push_back(c.data());
+    if (dtype == DType::F8_E4M3) scales.assign(static_cast<size_t>(slots), NAN);
+    pages = LatentPages{bytes.data(), scales.empty() ? nullptr : scales.data(), dtype, B};
+  }
+};
+
+// Several sequences in one paged cache with shuffled, non-consecutive block ids, and T query
+// tokens spread over them: token t belongs to sequence t % S and attends to a prefix of it
+// (the full length for the first S tokens, then shorter ones, as in a prefill chunk). Table
+// entries past a sequence's blocks name a poison block that is never written (NaN).
+struct PagedMla {
+  int64_t T, heads, kv_lora, rope, D, B, max_blocks = 0;
+  DType dtype;
+  std::vector<int32_t> seq_len;       // [S]
+  std::vector<int32_t> block_tables;  // [S, max_blocks]
+  std::vector<int32_t> token_seq, kv_len;  // [T]
+  std::vector<float> latent;          // [rows of all sequences, D] what was stored, fp32
+  std::vector<int64_t> slots;         // [rows of all sequences]
+  std::vector<float> q;               // [T, heads, D]
+  std::unique_ptr<TestPages> cache;
+
+  PagedMla(int64_t T_, int64_t heads_, int64_t kv_lora_, int64_t rope_, int64_t B_, DType dtype_,
+           std::vector<int32_t> lengths, std::mt19937& rng)
+      : T(T_), heads(heads_), kv_lora(kv_lora_), rope(rope_), D(kv_lora_ + rope_), B(B_), dtype(dtype_),
+        seq_len(std::move(lengths)) {
+    const int64_t S = static_cast<int64_t>(seq_len.size());
+    int64_t used = 0;
+    for (int32_t L : seq_len) {
+      max_blocks = std::max<int64_t>(max_blocks, (L + B - 1) / B);
+      used += (L + B - 1) / B;
+    }
+    const int64_t num_blocks = used + 3;  // spare blocks, one of them the poison block
+    std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
+    for (int64_t i = 0; i < num_blocks; ++i) ids[i] = static_cast<int32_t>(i);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    const int32_t poison = ids.back();
+    block_tables.assign(static_cast<size_t>(S * max_blocks), poison);
+    size_t next = 0;
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t b = 0; b < (seq_len[s] + B - 1) / B; ++b) block_tables[s * max_blocks + b] = ids[next++];
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t j = 0; j < seq_len[s]; ++j) slots.push_back(int64_t{block_tables[s * max_blocks + j / B]} * B + j % B);
+    latent = randn(slots.size() * D, rng);
+    cache = std::make_unique<TestPages>(dtype, num_blocks, B, D);
+    fn_of<StoreLatentFn>(reference_kernel(OpId::store_latent))(
+        StoreLatentArgs{latent.data(), static_cast<int64_t>(slots.size()), D, slots.data(), cache->pages});
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t s = t % S;
+      token_seq.push_back(static_cast<int32_t>(s));
+      kv_len.push_back(static_cast<int32_t>(std::max<int64_t>(1, seq_len[s] - 5 * (t / S))));
+    }
+    q = randn(T * heads * D, rng);
   }
   MlaAttentionArgs args(float* out) const {
-    return MlaAttentionArgs{q.data(), T, heads, kv_lora, rope, cache_ptrs.data(), kv_len.data(),
-                            1.0f / std::sqrt(static_cast<float>(kv_lora + rope)), out};
+    return MlaAttentionArgs{q.data(), T, heads, kv_lora, rope, cache->pages, block_tables.data(), max_blocks,
+                            token_seq.data(), kv_len.data(), 1.0f / std::sqrt(static_cast<float>(D)), out};
   }
+  // The reference reads the same stored cache, so bf16 and fp8 caches compare at kExact too.
   std::vector<float> reference() const {
     std::vector<float> ref(T * heads * kv_lora);
     fn_of<MlaAttentionFn>(reference_kernel(OpId::mla_attention))(args(ref.data()));
     return ref;
   }
+  std::string describe() const {
+    return fmt::format("heads={} D={} block={} kv={} T={} lengths={}", heads, D, B, dtype_name(dtype), T,
+                       fmt::join(seq_len, ","));
+  }
 };
 
-TEST(OpsMlaAttention, EveryHostKernelMatchesReferenceAtDeclaredHeads) {
-  std::mt19937 rng(9);
-  for (int64_t heads : {4, 8, 16, 32}) {
-    const OpShape shape{.heads_per_rank = heads, .head_dim = 576};
-    for (const KernelEntry* k : host_kernels(OpId::mla_attention, shape))
-      for (auto [kv_lora, rope] : {std::pair<int64_t, int64_t>{512, 64}, {40, 8}, {33, 3}})
-        for (int64_t T : {1, 3, 5}) {
-          MlaCase c(T, heads, kv_lora, rope, rng);
-          const auto ref = c.reference();
-          std::vector<float> out(ref.size(), NAN);
-          fn_of<MlaAttentionFn>(k)(c.args(out.data()));
-          EXPECT_LE(normalized_error(out, ref), kExact)
-              << k->name << " heads=" << heads << " D=" << kv_lora + rope << " T=" << T;
-        }
+constexpr DType kKvDtypes[] = {DType::F32, DType::BF16, DType::F8_E4M3};
+
+// Rows for store_latent: random at several magnitudes, an all-zero row (fp8 scale 1), a row
+// whose max is 448 (fp8 scale exactly 1) holding exact rounding ties of e4m3 normals and
+// subnormals, bf16 ties, and huge and tiny rows.
+std::vector<float> store_rows(int64_t T, int64_t D, std::mt19937& rng) {
+  std::vector<float> rows;
+  for (int64_t t = 0; t < T; ++t) {
+    auto r = randn(D, rng, std::pow(10.0f, static_cast<float>(t % 7) - 3.0f));
+    if (t == 1) std::fill(r.begin(), r.end(), 0.0f);
+    if (t == 2) {
+      const float ties[] = {448.0f, 1.0625f, 1.1875f, -1.0625f, 0x1p-10f, 0x3p-10f, -0x5p-10f, 0x1.1p-6f,
+                            0x1.ep-7f, 0x1.fp-7f, 0x1.fp-8f, 0.0f, -0.0f, 136.0f, 152.0f, 415.9f, 431.9f, 432.0f};
+      for (int64_t d = 0; d < D; ++d) r[d] = d < 18 ? ties[d] : r[d];
+      if (D < 18) r[0] = 448.0f;
+    }
+    if (t == 3)  // bf16 ties: the low 16 bits exactly half way, with odd and even upper halves
+      for (int64_t d = 0; d < D; ++d) {
+        const uint32_t u = 0x3f800000u + (static_cast<uint32_t>(d) << 16) + 0x8000u;
+        std::memcpy(&r[d], &u, 4);
+      }
+    if (t == 4) r[D / 2] = 3e6f;
+    rows.insert(rows.end(), r.begin(), r.end());
   }
+  return rows;
 }
 
-// Long caches are split into spans whose partial softmax states are merged (cpu kernel: spans of
-// >= 1024 rows when tokens are fewer than twice the threads), with ragged span ends.
-TEST(OpsMlaAttention, LongCachesSplitIntoSpansMatchReference) {
-  std::mt19937 rng(10);
-  for (int64_t heads : {8, 16})
-    for (int64_t T : {1, 2}) {
-      const OpShape shape{.heads_per_rank = heads, .head_dim = 576};
-      MlaCase c(T, heads, 512, 64, rng, {5001, 2049});
-      const auto ref = c.reference();
-      for (const KernelEntry* k : host_kernels(OpId::mla_attention, shape)) {
-        std::vector<float> out(ref.size(), NAN);
-        fn_of<MlaAttentionFn>(k)(c.args(out.data()));
-        EXPECT_LE(normalized_error(out, ref), kExact) << k->name << " heads=" << heads << " T=" << T;
+TEST(OpsStoreLatent, EveryHostKernelMatchesReferenceBitForBit) {
+  std::mt19937 rng(13);
+  for (DType dtype : kKvDtypes)
+    for (int64_t D : {576, 48, 7}) {
+      const int64_t T = 9, B = 4;
+      const auto rows = store_rows(T, D, rng);
+      // scattered slots, one skipped (-1)
+      const std::vector<int64_t> slot_mapping = {13, 2, 7, -1, 0, 22, 5, 18, 11};
+      TestPages ref(dtype, 6, B, D);
+      fn_of<StoreLatentFn>(reference_kernel(OpId::store_latent))(
+          StoreLatentArgs{rows.data(), T, D, slot_mapping.data(), ref.pages});
+      for (const KernelEntry* k : host_kernels(OpId::store_latent, OpShape{.head_dim = D, .kv_dtype = dtype})) {
+        TestPages out(dtype, 6, B, D);
+        fn_of<StoreLatentFn>(k)(StoreLatentArgs{rows.data(), T, D, slot_mapping.data(), out.pages});
+        EXPECT_TRUE(out.bytes == ref.bytes) << k->name << " " << dtype_name(dtype) << " D=" << D;
+        EXPECT_EQ(std::memcmp(out.scales.data(), ref.scales.data(), sizeof(float) * ref.scales.size()), 0)
+            << k->name << " " << dtype_name(dtype) << " D=" << D;
       }
     }
 }
 
-ModelOpNeeds needs_with_heads(int64_t heads_per_rank) {
+// What the cache costs in accuracy: fp8 e4m3 keeps 3 mantissa bits, so a value rounds by at most
+// 2^-4 of itself (normals) and far less than that of the row max (subnormals: 2^-10 x scale);
+// bf16 by at most 2^-8 of itself.
+TEST(OpsStoreLatent, RoundTripWithinTheCacheDtypePrecision) {
+  std::mt19937 rng(14);
+  const int64_t T = 12, D = 576;
+  auto rows = store_rows(T, D, rng);
+  const std::vector<int64_t> slots = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+  for (DType dtype : {DType::BF16, DType::F8_E4M3})
+    for (const KernelEntry* k : host_kernels(OpId::store_latent, OpShape{.head_dim = D, .kv_dtype = dtype})) {
+      TestPages c(dtype, 3, 4, D);
+      fn_of<StoreLatentFn>(k)(StoreLatentArgs{rows.data(), T, D, slots.data(), c.pages});
+      for (int64_t t = 0; t < T; ++t) {
+        float amax = 0.0f;
+        for (int64_t d = 0; d < D; ++d) amax = std::max(amax, std::fabs(rows[t * D + d]));
+        double worst = 0.0;
+        for (int64_t d = 0; d < D; ++d) {
+          const float x = rows[t * D + d];
+          const float back = dtype == DType::BF16
+                                 ? bf16_to_f32(reinterpret_cast<const uint16_t*>(c.bytes.data())[t * D + d])
+                                 : fp8_e4m3_to_f32(c.bytes[t * D + d]) * c.scales[t];
+          const double bound = dtype == DType::BF16 ? 0x1p-8 * std::fabs(x) : 0x1p-4 * amax;
+          worst = std::max(worst, std::fabs(static_cast<double>(back) - x) - bound);
+        }
+        EXPECT_LE(worst, 0.0) << k->name << " " << dtype_name(dtype) << " row " << t << " max " << amax;
+      }
+    }
+}
+
+// Every (heads, D, block size, cache dtype): lengths 1 (a single row), 17 and 100 (ending mid-
+// block for blocks of 16 and 64) and 600 (3 chunks of the cpu kernel), in one call.
+TEST(OpsMlaAttention, EveryHostKernelMatchesReferenceOnPagedCache) {
+  std::mt19937 rng(9);
+  for (int64_t heads : {4, 8, 16, 32})
+    for (DType dtype : kKvDtypes) {
+      const OpShape shape{.heads_per_rank = heads, .head_dim = 576, .kv_dtype = dtype};
+      const auto kernels = host_kernels(OpId::mla_attention, shape);
+      for (auto [kv_lora, rope] : {std::pair<int64_t, int64_t>{512, 64}, {40, 8}, {33, 3}})
+        for (int64_t B : {1, 16, 64}) {
+          if (kv_lora != 512 && heads != 8) continue;  // small D: one head count is enough
+          PagedMla c(6, heads, kv_lora, rope, B, dtype, {17, 1, 600, 100}, rng);
+          const auto ref = c.reference();
+          for (const KernelEntry* k : kernels) {
+            std::vector<float> out(ref.size(), NAN);
+            fn_of<MlaAttentionFn>(k)(c.args(out.data()));
+            EXPECT_LE(normalized_error(out, ref), kExact) << k->name << " " << c.describe();
+          }
+        }
+    }
+}
+
+// Long contexts are split into spans whose partial softmax states are merged (cpu kernel: spans
+// of >= 1024 rows when tokens are fewer than twice the threads), with ragged span ends; blocks
+// of 512 rows put whole chunks inside one block (the cpu kernel reads fp32 rows in place there).
+TEST(OpsMlaAttention, LongPagedCachesSplitIntoSpansMatchReference) {
+  std::mt19937 rng(10);
+  struct Case {
+    int64_t heads, T, B;
+    DType dtype;
+  };
+  const Case cases[] = {{16, 2, 64, DType::BF16}, {16, 2, 64, DType::F8_E4M3}, {16, 1, 64, DType::F32},
+                        {8, 1, 1, DType::BF16},   {8, 2, 512, DType::F32},     {16, 1, 16, DType::F8_E4M3}};
+  for (const Case& cs : cases) {
+    const OpShape shape{.heads_per_rank = cs.heads, .head_dim = 576, .kv_dtype = cs.dtype};
+    PagedMla c(cs.T, cs.heads, 512, 64, cs.B, cs.dtype, {5001, 2049}, rng);
+    const auto ref = c.reference();
+    for (const KernelEntry* k : host_kernels(OpId::mla_attention, shape)) {
+      std::vector<float> out(ref.size(), NAN);
+      fn_of<MlaAttentionFn>(k)(c.args(out.data()));
+      EXPECT_LE(normalized_error(out, ref), kExact) << k->name << " " << c.describe();
+    }
+  }
+}
+
+ModelOpNeeds needs_with_heads(int64_t heads_per_rank, DType kv_dtype = DType::BF16) {
   return ModelOpNeeds{.matmul_dtypes = {DType::BF16, DType::F8_E4M3},
                       .embedding_dtype = DType::BF16,
                       .heads_per_rank = heads_per_rank,
                       .attention_head_dim = 576,
+                      .kv_dtype = kv_dtype,
                       .num_experts = 64,
                       .top_k = 6};
 }
@@ -397,26 +545,28 @@ const ResolvedOp& find_use(const OpTable& table, OpId op) {
 // The seeds' production failure: a 12-head rank against a kernel that takes 4, 8 or 16k heads.
 TEST(OpsMlaAttention, TwelveHeadsResolveToPadHeadsOnCpuAndMatchReference) {
   // 12 heads on one rank, and Kimi K3's 96 heads at tp 8 (12 per rank again)
-  for (auto [heads, tp] : {std::pair<int64_t, int64_t>{12, 1}, {96, 8}, {1, 1}}) {
-    const int64_t per_rank = heads / tp;
-    auto table = OpTable::resolve(Backend::cpu, needs_with_heads(per_rank));
-    ASSERT_TRUE(table.ok()) << table.error().message;
-    const Resolution& res = find_use(*table, OpId::mla_attention).resolution;
-    ASSERT_EQ(res.kind, Resolution::Kind::pad_heads) << res.describe();
-    EXPECT_EQ(res.pad_from, per_rank);
-    EXPECT_EQ(res.pad_to, per_rank == 12 ? 16 : 4);
-    EXPECT_EQ(res.kernel->backend, Backend::cpu);
-    EXPECT_NE(res.describe().find(fmt::format("PadHeads{{{}->{}}}", per_rank, res.pad_to)), std::string::npos);
+  for (auto [heads, tp] : {std::pair<int64_t, int64_t>{12, 1}, {96, 8}, {1, 1}})
+    for (DType dtype : kKvDtypes) {
+      const int64_t per_rank = heads / tp;
+      auto table = OpTable::resolve(Backend::cpu, needs_with_heads(per_rank, dtype));
+      ASSERT_TRUE(table.ok()) << table.error().message;
+      const Resolution& res = find_use(*table, OpId::mla_attention).resolution;
+      ASSERT_EQ(res.kind, Resolution::Kind::pad_heads) << res.describe();
+      EXPECT_EQ(res.pad_from, per_rank);
+      EXPECT_EQ(res.pad_to, per_rank == 12 ? 16 : 4);
+      EXPECT_EQ(res.kernel->backend, Backend::cpu);
+      EXPECT_NE(res.describe().find(fmt::format("PadHeads{{{}->{}}}", per_rank, res.pad_to)), std::string::npos);
+      EXPECT_EQ(find_use(*table, OpId::store_latent).resolution.kind, Resolution::Kind::kernel);
 
-    std::mt19937 rng(10 + heads);
-    for (int64_t T : {1, 3, 17}) {
-      MlaCase c(T, per_rank, 512, 64, rng);
-      const auto ref = c.reference();
-      std::vector<float> out(ref.size(), NAN);
-      table->mla_attention(c.args(out.data()));
-      EXPECT_LE(normalized_error(out, ref), kExact) << "heads=" << heads << " tp=" << tp << " T=" << T;
+      std::mt19937 rng(10 + heads);
+      for (int64_t T : {1, 3, 17}) {
+        PagedMla c(T, per_rank, 512, 64, 16, dtype, {1, 17, 600}, rng);
+        const auto ref = c.reference();
+        std::vector<float> out(ref.size(), NAN);
+        table->mla_attention(c.args(out.data()));
+        EXPECT_LE(normalized_error(out, ref), kExact) << "tp=" << tp << " " << c.describe();
+      }
     }
-  }
 }
 
 TEST(OpsMlaAttention, SupportedHeadCountsResolveToKernelWithoutPadding) {

@@ -49,6 +49,7 @@ void register_cpu_kernels(Registry& r) {
   // same (its inner loop takes heads 4 at a time), so a 12-head rank resolves to PadHeads{12->16}
   // here exactly as it would on a GPU.
   const HeadsConstraint mla_heads{.one_of = {4, 8}, .multiple_of = 16};
+  const std::vector<DType> kv_dtypes = {DType::F32, DType::BF16, DType::F8_E4M3};
 
   struct Isa {
     const char* isa;
@@ -62,11 +63,12 @@ void register_cpu_kernels(Registry& r) {
     AddScaledFn add_scaled;
     SoftmaxFn softmax;
     ArgmaxFn argmax;
+    StoreLatentFn store_latent;
     MlaAttentionFn mla;
   };
 #define MOAT_ISA(ns, isa, prio)                                                                       \
   Isa{isa, #ns, prio, &ns::embedding, &ns::matmul, &ns::rms_norm, &ns::rope, &ns::silu_mul, &ns::add_scaled, \
-      &ns::softmax, &ns::argmax, &ns::mla_attention}
+      &ns::softmax, &ns::argmax, &ns::store_latent, &ns::mla_attention}
   for (const Isa& k : {MOAT_ISA(cpu_avx512, "avx512", 20), MOAT_ISA(cpu_avx2, "avx2", 10)}) {
     auto name = [&](const char* op) { return fmt::format("cpu.{}_{}", op, k.isa); };
     auto c = [&](Constraints base) {
@@ -86,7 +88,10 @@ void register_cpu_kernels(Registry& r) {
     add(OpId::add_scaled, name("add_scaled"), fn(k.add_scaled), c({}), k.priority);
     add(OpId::softmax, name("softmax"), fn(k.softmax), c({}), k.priority);
     add(OpId::argmax, name("argmax"), fn(k.argmax), c({}), k.priority);
-    add(OpId::mla_attention, name("mla_attention"), fn(k.mla), c({.heads = mla_heads}), k.priority);
+    // Both read and write the paged cache in every dtype the engine offers (--kv-dtype).
+    add(OpId::store_latent, name("store_latent"), fn(k.store_latent), c({.kv_dtypes = kv_dtypes}), k.priority);
+    add(OpId::mla_attention, name("mla_attention"), fn(k.mla), c({.heads = mla_heads, .kv_dtypes = kv_dtypes}),
+        k.priority);
   }
 #undef MOAT_ISA
   // bf16 dot products: twice the fp32 FMA rate, and activations rounded to bf16 once per call.

@@ -28,6 +28,7 @@ void set_fp8_exact_activations(bool exact);
   void add_scaled(float* y, const float* x, float alpha, int64_t n);                     \
   void softmax(const float* x, int64_t T, int64_t n, float temperature, float* probs);   \
   void argmax(const float* x, int64_t T, int64_t n, int32_t* out);                       \
+  void store_latent(const StoreLatentArgs& args);                                        \
   void mla_attention(const MlaAttentionArgs& args);
 namespace cpu_avx512 {
 MOAT_CPU_GENERIC_DECLS

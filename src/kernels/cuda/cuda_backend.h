@@ -4,7 +4,8 @@
 // Device-pointer semantics: every pointer a cuda kernel receives is a device pointer. That
 // includes WeightMatrix::data and ::scale_inv, the per-row parameter arrays of the sampling ops
 // (top_k, top_p, min_p, u), RopeArgs' positions and cos/sin tables, MoeRouteArgs' bias and
-// outputs, and MlaAttentionArgs::kv_cache (a device array of T device pointers) and ::kv_len.
+// outputs, the paged cache (LatentPages::rows and ::row_scale), MlaAttentionArgs' block_tables,
+// token_seq and kv_len, and StoreLatentArgs' rows and slot_mapping.
 // Kernels are launched on the default stream and return before they finish; synchronize()
 // before reading results on the host. The cuBLAS handle and the scratch buffers (activations
 // rounded to bf16, dequantized fp8/f16 weights) are process-wide: one engine thread drives the
@@ -36,6 +37,7 @@ void rms_norm(const float* x, const float* weight, int64_t T, int64_t dim, float
 void rope(const RopeArgs& args);
 void silu_mul(const float* gate, const float* up, int64_t T, int64_t n, float* y);
 void add_scaled(float* y, const float* x, float alpha, int64_t n);
+void store_latent(const StoreLatentArgs& args);
 void mla_attention(const MlaAttentionArgs& args);
 void moe_route(const MoeRouteArgs& args);
 void softmax(const float* x, int64_t T, int64_t n, float temperature, float* probs);

@@ -20,9 +20,12 @@ void register_cuda_kernels(Registry& r) {
   add(OpId::silu_mul, "cuda.silu_mul", fn(&cuda::silu_mul));
   add(OpId::add_scaled, "cuda.add_scaled", fn(&cuda::add_scaled));
   // The heads rule of the production MLA decode kernels (FlashMLA-style), declared here so a
-  // 12-head rank pads to 16 on cuda exactly as on cpu.
+  // 12-head rank pads to 16 on cuda exactly as on cpu. Both cache ops take every --kv-dtype.
+  const std::vector<DType> kv_dtypes = {DType::F32, DType::BF16, DType::F8_E4M3};
+  add(OpId::store_latent, "cuda.store_latent", fn(&cuda::store_latent), {.kv_dtypes = kv_dtypes});
   add(OpId::mla_attention, "cuda.mla_attention", fn(&cuda::mla_attention),
-      {.heads = HeadsConstraint{.one_of = {4, 8}, .multiple_of = 16}, .max_head_dim = cuda::kMaxHeadDim});
+      {.heads = HeadsConstraint{.one_of = {4, 8}, .multiple_of = 16}, .max_head_dim = cuda::kMaxHeadDim,
+       .kv_dtypes = kv_dtypes});
   add(OpId::moe_route, "cuda.moe_route", fn(&cuda::moe_route),
       {.max_experts = cuda::kMaxExperts, .max_top_k = cuda::kMaxTopK});
   add(OpId::softmax, "cuda.softmax", fn(&cuda::softmax));

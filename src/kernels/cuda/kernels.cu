@@ -3,8 +3,10 @@
 //   matmul         cuBLAS GemmEx bf16 x bf16 -> fp32 (activations rounded to bf16 once per call;
 //                  fp8/f16 weights dequantized to a bf16 scratch matrix first, scale folded in);
 //                  f32 weights: cublasSgemm.
-//   mla_attention  one block per (token, head); warps take cache rows with an online softmax, then
-//                  merge through shared memory.
+//   mla_attention  one block per (token, head); warps take rows of the paged cache (through the
+//                  block table, bf16/fp8 converted on load) with an online softmax, then merge
+//                  through shared memory.
+//   store_latent   one block per token (fp8: a block max for the row scale).
 //   sampling       one block per row; top-k/top-p thresholds by binary search on the float bits
 //                  (probabilities are >= 0, so their bit patterns order like their values).
 #include <cublas_v2.h>
@@ -216,30 +218,87 @@ __global__ void add_scaled_kernel(float* y, const float* x, float alpha, int64_t
   if (i < n) y[i] += alpha * x[i];
 }
 
+// ---- paged latent cache -----------------------------------------------------------------------
+// Conversions bit-identical to the reference's (dtype.h f32_to_bf16 / f32_to_fp8_e4m3), written
+// out rather than taken from cuda_bf16.h / cuda_fp8.h so NaN payloads and ties match the host
+// kernels exactly, and with explicit _rn intrinsics so no flag turns them into fast math.
+__device__ uint16_t f32_to_bf16_bits(float x) {
+  const uint32_t u = __float_as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+// Round to nearest even, saturate to +-448, NaN -> 0x7f. Normals (|x| >= 2^-6) round the fp32
+// mantissa to 3 bits in place and rebias the exponent (127 -> 7); subnormals are multiples of
+// 2^-9, rounded by adding 2^23.
+__device__ uint8_t f32_to_fp8_bits(float x) {
+  const uint32_t u = __float_as_uint(x), sign = (u >> 24) & 0x80u, mag = u & 0x7fffffffu;
+  if (mag > 0x7f800000u) return 0x7f;
+  const float a = __uint_as_float(mag);
+  uint32_t code;
+  if (a >= 448.0f) code = 0x7e;
+  else if (a >= 0x1p-6f) code = ((mag + 0x7ffffu + ((mag >> 20) & 1u)) >> 20) - (120u << 3);
+  else code = __float_as_uint(__fadd_rn(__fmul_rn(a, 512.0f), 0x1p23f)) - __float_as_uint(0x1p23f);
+  return static_cast<uint8_t>(code | sign);
+}
+
+// Element d of cache row `slot` as fp32 (fp8: times the row's scale, as read_latent_row does).
+template <int kKv>  // 0 F32, 1 BF16, 2 F8_E4M3
+__device__ float latent_value(const LatentPages& c, int64_t slot, int64_t D, int64_t d) {
+  if constexpr (kKv == 0) return static_cast<const float*>(c.rows)[slot * D + d];
+  if constexpr (kKv == 1) return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(c.rows)[slot * D + d]) << 16);
+  if constexpr (kKv == 2) return __fmul_rn(fp8_e4m3_value(static_cast<const uint8_t*>(c.rows)[slot * D + d]), c.row_scale[slot]);
+  return 0.0f;
+}
+
+int kv_code(DType d) { return d == DType::F32 ? 0 : d == DType::BF16 ? 1 : 2; }
+
+// One block per token: fp8 needs the row's max before any value is written.
+__global__ void store_latent_kernel(StoreLatentArgs a) {
+  const int64_t t = blockIdx.x, D = a.dim, slot = a.slot_mapping[t];
+  if (slot < 0) return;  // the whole block: no thread reaches block_max
+  const float* src = a.rows + t * D;  // [D]
+  const LatentPages& c = a.cache;
+  if (c.dtype == DType::F32) {
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) static_cast<float*>(c.rows)[slot * D + d] = src[d];
+  } else if (c.dtype == DType::BF16) {
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x)
+      static_cast<uint16_t*>(c.rows)[slot * D + d] = f32_to_bf16_bits(src[d]);
+  } else {
+    float amax = 0.0f;
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) amax = fmaxf(amax, fabsf(src[d]));
+    amax = block_max(amax);
+    const float scale = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x)
+      static_cast<uint8_t*>(c.rows)[slot * D + d] = f32_to_fp8_bits(__fdiv_rn(src[d], scale));
+    if (threadIdx.x == 0) c.row_scale[slot] = scale;
+  }
+}
+
 // ---- MLA attention -----------------------------------------------------------------------------
 constexpr int kMaxPerLane = static_cast<int>(kMaxHeadDim / 32);
 
+template <int kKv>
 __global__ void mla_attention_kernel(MlaAttentionArgs a) {
   const int64_t t = blockIdx.x, h = blockIdx.y;
-  const int64_t D = a.kv_lora + a.rope_dim, C = a.kv_lora;
+  const int64_t D = a.kv_lora + a.rope_dim, C = a.kv_lora, B = a.cache.block_size;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float* q = a.q + (t * a.num_heads + h) * D;
-  const float* cache = a.kv_cache[t];
+  const int32_t* blocks = a.block_tables + static_cast<int64_t>(a.token_seq[t]) * a.max_blocks_per_seq;
   const int64_t L = a.kv_len[t];
   // Each warp: online softmax over rows warp, warp + kWarps, ...; lane holds out[lane + 32 i].
   float m = -INFINITY, s = 0.0f, acc[kMaxPerLane];
   for (int i = 0; i < kMaxPerLane; ++i) acc[i] = 0.0f;
   for (int64_t j = warp; j < L; j += kWarps) {
-    const float* row = cache + j * D;
+    const int64_t slot = static_cast<int64_t>(blocks[j / B]) * B + j % B;
     float dot = 0.0f;
-    for (int64_t d = lane; d < D; d += 32) dot += q[d] * row[d];
+    for (int64_t d = lane; d < D; d += 32) dot += q[d] * latent_value<kKv>(a.cache, slot, D, d);
     const float score = warp_sum(dot) * a.scale;
     const float m_new = fmaxf(m, score);
     const float correction = expf(m - m_new), p = expf(score - m_new);
     s = s * correction + p;
     for (int i = 0; i < kMaxPerLane; ++i) {
       const int64_t d = lane + 32 * i;
-      if (d < C) acc[i] = acc[i] * correction + p * row[d];
+      if (d < C) acc[i] = acc[i] * correction + p * latent_value<kKv>(a.cache, slot, D, d);
     }
     m = m_new;
   }
@@ -578,11 +637,21 @@ void add_scaled(float* y, const float* x, float alpha, int64_t n) {
   LAUNCH_CHECK();
 }
 
+void store_latent(const StoreLatentArgs& a) {
+  if (a.num_tokens == 0) return;
+  store_latent_kernel<<<static_cast<unsigned>(a.num_tokens), kBlock>>>(a);
+  LAUNCH_CHECK();
+}
+
 void mla_attention(const MlaAttentionArgs& a) {
   if (a.num_tokens == 0) return;
   const size_t shared = sizeof(float) * kWarps * a.kv_lora;
-  mla_attention_kernel<<<dim3(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_heads)), kBlock,
-                         shared>>>(a);
+  const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_heads));
+  switch (kv_code(a.cache.dtype)) {
+    case 0: mla_attention_kernel<0><<<grid, kBlock, shared>>>(a); break;
+    case 1: mla_attention_kernel<1><<<grid, kBlock, shared>>>(a); break;
+    default: mla_attention_kernel<2><<<grid, kBlock, shared>>>(a); break;
+  }
   LAUNCH_CHECK();
 }
 
