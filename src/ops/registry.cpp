@@ -104,11 +104,14 @@ std::string Resolution::describe() const {
   return "?";
 }
 
+void register_cpu_sampling_kernels(Registry& registry);  // kernels/cpu/sampling_kernels.cpp
+
 const Registry& Registry::global() {
   static const Registry registry = [] {
     Registry r;
     register_reference_kernels(r);
     register_cpu_kernels(r);
+    register_cpu_sampling_kernels(r);
 #ifdef MOAT_HAVE_CUDA
     register_cuda_kernels(r);
 #endif
