@@ -1,7 +1,9 @@
 // Kernel microbenchmarks with their roofline next to them (STYLE.md: "a benchmark prints its
 // roofline next to its result"). For each thread count it measures, in the same run:
-//   - memory read bandwidth: a 512 MiB buffer summed with 512-bit loads (the decode roofline);
-//   - bf16 peak: independent chains of vdpbf16ps (the prefill roofline);
+//   - memory read bandwidth: a 512 MiB buffer summed with 512-bit loads, the best of a few access
+//     patterns (one stream or several per thread, with and without software prefetch: roofline.h)
+//     (the decode roofline);
+//   - bf16 and fp32 peaks: 24 independent chains of vdpbf16ps / vfmadd231ps (the prefill roofline);
 // then the matmul kernels the registry resolves on this CPU (bf16 and fp8 block-scaled weights) at
 // T = 1 (GB/s of weights vs bandwidth) and T = 512 (GFLOPS vs bf16 peak), and MLA decode
 // attention (GB/s of latent cache). Weight sets are replicated past the L3 size and cycled, so a
@@ -129,13 +131,16 @@ int main(int argc, char** argv) {
 
   for (int threads : thread_counts) {
     set_num_threads(threads);
-    const double bw = read_bandwidth_gbs(bw_buf);
+    const Bandwidth bwp = read_bandwidth({{bw_buf.data(), static_cast<int64_t>(bw_buf.size())}}, 1.0);
+    const double bw = bwp.gbs;
     const double peak = bf16_peak_gflops();
     const double fp32_peak = fp32_peak_gflops();
     const std::string tt = std::to_string(threads) + "t";
-    rows.push_back({"memory read bandwidth (" + tt + ")", "sum of 512 MiB", bw, bw, 100, "GB/s"});
-    rows.push_back({"bf16 peak (" + tt + ")", "vdpbf16ps x12 chains", peak, peak, 100, "GFLOPS"});
-    rows.push_back({"fp32 FMA peak (" + tt + ")", "vfmadd231ps x12 chains", fp32_peak, fp32_peak, 100, "GFLOPS"});
+    const std::string chains = " x" + std::to_string(kChains) + " chains";
+    rows.push_back({"memory read bandwidth (" + tt + ")", std::string("512 MiB, best: ") + bwp.pattern, bw, bw, 100,
+                    "GB/s"});
+    rows.push_back({"bf16 peak (" + tt + ")", "vdpbf16ps" + chains, peak, peak, 100, "GFLOPS"});
+    rows.push_back({"fp32 FMA peak (" + tt + ")", "vfmadd231ps" + chains, fp32_peak, fp32_peak, 100, "GFLOPS"});
 
     for (DType dtype : {DType::BF16, DType::F8_E4M3}) {
       const KernelEntry* k = best_kernel(OpId::matmul, OpShape{.weight_dtype = dtype});
@@ -193,27 +198,52 @@ int main(int argc, char** argv) {
       }
     }
 
-    // MLA decode attention: one token, 16 heads, 4096 cached latents of 576 fp32 values.
+    // MLA decode attention: one token, 16 heads, 4096 cached latents of 576 values in the paged
+    // bf16 cache (blocks of 64 rows, shuffled over the pool as a serving engine leaves them).
     {
-      const int64_t heads = 16, L = 4096, C = 512, R = 64, D = C + R;
-      const KernelEntry* k = best_kernel(OpId::mla_attention, OpShape{.heads_per_rank = heads, .head_dim = D});
-      const int64_t copies = std::max<int64_t>(1, kLlcSpan / (L * D * 4));
-      std::vector<float> caches(static_cast<size_t>(copies * L * D)), q(heads * D), out(heads * C);
-      for (float& v : caches) v = dist(rng) * 0.1f;
+      const int64_t heads = 16, L = 4096, C = 512, R = 64, D = C + R, B = 64, per_copy = L / B;
+      const DType kv = DType::BF16;
+      const KernelEntry* k =
+          best_kernel(OpId::mla_attention, OpShape{.heads_per_rank = heads, .head_dim = D, .kv_dtype = kv});
+      const KernelEntry* store = best_kernel(OpId::store_latent, OpShape{.head_dim = D, .kv_dtype = kv});
+      const int64_t copies = std::max<int64_t>(1, kLlcSpan / (L * D * 2));
+      HugeBuffer<uint16_t> pool(static_cast<size_t>(copies * L * D));  // [copies * L, D] bf16
+      const LatentPages pages{pool.data(), nullptr, kv, B};
+      std::vector<int32_t> ids(static_cast<size_t>(copies * per_copy));  // [copies, per_copy] block tables
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      std::vector<float> latent(static_cast<size_t>(L * D)), q(heads * D), out(heads * C), ref(heads * C);
+      for (float& v : latent) v = dist(rng) * 0.1f;
       for (float& v : q) v = dist(rng);
+      std::vector<int64_t> slots(static_cast<size_t>(L));
+      for (int64_t c = 0; c < copies; ++c) {
+        for (int64_t j = 0; j < L; ++j) slots[j] = int64_t{ids[c * per_copy + j / B]} * B + j % B;
+        reinterpret_cast<StoreLatentFn>(store->fn)(StoreLatentArgs{latent.data(), L, D, slots.data(), pages});
+      }
       const int32_t len = static_cast<int32_t>(L);
-      size_t c = 0;
+      int32_t seq = 0;  // the copy read by the next call: a row of the block tables
+      auto args = [&](float* o) {
+        return MlaAttentionArgs{q.data(), 1, heads, C, R, pages, ids.data(), per_copy, &seq, &len, 0.04f, o};
+      };
+      if (threads == thread_counts.front()) {  // correctness before speed
+        reinterpret_cast<MlaAttentionFn>(k->fn)(args(out.data()));
+        const auto* rk = Registry::global().kernels(OpId::mla_attention, Backend::reference).front();
+        reinterpret_cast<MlaAttentionFn>(rk->fn)(args(ref.data()));
+        const double err = max_norm_err(out, ref);
+        if (err > 1e-5) {
+          std::fprintf(stderr, "%s disagrees with the reference: normalized error %g\n", k->name.c_str(), err);
+          return 1;
+        }
+      }
       const double sec = time_per_call([&] {
-        const float* cache = caches.data() + c * L * D;
-        MlaAttentionArgs a{q.data(), 1, heads, C, R, &cache, &len, 0.04f, out.data()};
-        reinterpret_cast<MlaAttentionFn>(k->fn)(a);
-        c = (c + 1) % copies;
+        reinterpret_cast<MlaAttentionFn>(k->fn)(args(out.data()));
+        seq = static_cast<int32_t>((seq + 1) % copies);
       });
       // scores: 2 flops per q.row element; output: 2 per latent element; per head, per cache row
-      const double flops = 2.0 * heads * L * (D + C), bytes = L * D * 4.0;
+      const double flops = 2.0 * heads * L * (D + C), bytes = L * D * 2.0;
       const double roof = std::min(fp32_peak, bw * flops / bytes);
-      rows.push_back({"mla_attention 16 heads, 4096 x 576 fp32 cache, T=1 (" + tt + ")", k->name, flops / sec / 1e9,
-                      roof, 100 * flops / sec / 1e9 / roof, "GFLOPS"});
+      rows.push_back({"mla_attention 16 heads, 4096 x 576 bf16 paged cache (block 64), T=1 (" + tt + ")", k->name,
+                      flops / sec / 1e9, roof, 100 * flops / sec / 1e9 / roof, "GFLOPS"});
     }
   }
 

@@ -74,86 +74,155 @@ inline double time_per_call(Fn&& fn, double budget = 0.4) {
   return best;
 }
 
-__attribute__((target("avx512f"))) inline float sum_range(const float* p, int64_t n) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (int64_t i = 0; i + 64 <= n; i += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(p + i + 512), _MM_HINT_T0);  // 2 KiB ahead, like the kernels
-    _mm_prefetch(reinterpret_cast<const char*>(p + i + 528), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(p + i + 544), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(p + i + 560), _MM_HINT_T0);
-    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
-    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
-    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
-    a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
+// Bandwidth probes. No single access pattern reads at the memory's full speed on every x86-64:
+// some cores need several streams in flight per thread (each stream gets its own hardware
+// prefetcher), some run best on one stream with software prefetch, some without it. Each probe
+// sums one thread's range [p, p + n) (n a multiple of 4096 floats) with 512-bit loads; the
+// bandwidth figure is the best of them. Every loop over streams and accumulators is unrolled
+// explicitly (`#pragma GCC unroll`): at -O2 GCC 12 left such loops rolled, the accumulators in
+// memory, and the probes read 2-3x low (issue 12). tests/ops/no_spill_test.cpp checks them.
+
+// S streams side by side (stream s reads [s n/S, (s+1) n/S)), two cache lines per stream a step,
+// optionally prefetched 2 KiB ahead into L1 like the matmul tiles.
+template <int S, bool kPrefetch>
+__attribute__((target("avx512f"))) inline float sum_streams(const float* p, int64_t n) {
+  static_assert(S >= 1 && S <= 8);
+  const int64_t len = n / S / 32 * 32;
+  __m512 acc[S][2];
+#pragma GCC unroll 8
+  for (int s = 0; s < S; ++s) acc[s][0] = acc[s][1] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < len; i += 32) {
+#pragma GCC unroll 8
+    for (int s = 0; s < S; ++s) {
+      const float* q = p + s * len + i;
+      if constexpr (kPrefetch) {
+        _mm_prefetch(reinterpret_cast<const char*>(q + 512), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(q + 528), _MM_HINT_T0);
+      }
+      acc[s][0] = _mm512_add_ps(acc[s][0], _mm512_loadu_ps(q));
+      acc[s][1] = _mm512_add_ps(acc[s][1], _mm512_loadu_ps(q + 16));
+    }
   }
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  __m512 t = _mm512_setzero_ps();
+#pragma GCC unroll 8
+  for (int s = 0; s < S; ++s) t = _mm512_add_ps(t, _mm512_add_ps(acc[s][0], acc[s][1]));
+  return _mm512_reduce_add_ps(t);
 }
 
-// GB/s reading a buffer far larger than the caches, split over the pool's threads.
+// One stream, eight accumulators (enough for any add latency x ports at one load per cycle),
+// optionally prefetched: the STREAM-like reference.
+template <bool kPrefetch>
+__attribute__((target("avx512f"))) inline float sum_range(const float* p, int64_t n) {
+  __m512 acc[8];
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) acc[j] = _mm512_setzero_ps();
+  for (int64_t i = 0; i + 128 <= n; i += 128) {
+    if constexpr (kPrefetch) {
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j)  // each of the 8 lines, 2 KiB ahead like the kernels
+        _mm_prefetch(reinterpret_cast<const char*>(p + i + 512 + 16 * j), _MM_HINT_T0);
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) acc[j] = _mm512_add_ps(acc[j], _mm512_loadu_ps(p + i + 16 * j));
+  }
+#pragma GCC unroll 8
+  for (int j = 1; j < 8; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
+  return _mm512_reduce_add_ps(acc[0]);
+}
+
+using SumFn = float (*)(const float*, int64_t);
+struct ReadPattern {
+  const char* name;
+  SumFn fn;
+};
+inline constexpr ReadPattern kReadPatterns[] = {
+    {"1 stream", &sum_range<false>},
+    {"1 stream + prefetch", &sum_range<true>},
+    {"4 streams", &sum_streams<4, false>},
+    {"4 streams + prefetch", &sum_streams<4, true>},
+    {"8 streams", &sum_streams<8, false>},
+};
+
+struct Bandwidth {
+  double gbs;           // the best pattern's GB/s
+  const char* pattern;  // which one
+};
+
 // GB/s summing the float regions {pointer, count} in turn (any readable memory: a fresh buffer,
-// or the weights' own mappings).
-inline double read_bandwidth_gbs(const std::vector<std::pair<const float*, int64_t>>& regions) {
+// or the weights' own mappings), split over the pool's threads in 16 KiB blocks; the best of
+// kReadPatterns.
+inline Bandwidth read_bandwidth(const std::vector<std::pair<const float*, int64_t>>& regions, double budget = 0.6) {
   std::vector<float> sink(64);
   double bytes = 0;
   for (const auto& [p, n] : regions) bytes += static_cast<double>(n / 4096 * 4096) * 4.0;
-  const double s = time_per_call([&] {
-    for (const auto& [p, n] : regions)
-      thread_pool().parallel_for(
-          n / 4096, [&, p = p](int64_t b, int64_t e) { sink[0] += sum_range(p + b * 4096, (e - b) * 4096); }, 1);
-  }, 1.0);
-  return bytes / s / 1e9;
+  Bandwidth best{0, ""};
+  for (const ReadPattern& pat : kReadPatterns) {
+    const double s = time_per_call([&] {
+      for (const auto& [p, n] : regions)
+        thread_pool().parallel_for(
+            n / 4096, [&, p = p](int64_t b, int64_t e) { sink[b % 64] += pat.fn(p + b * 4096, (e - b) * 4096); }, 1);
+    }, budget);
+    if (bytes / s / 1e9 > best.gbs) best = {bytes / s / 1e9, pat.name};
+  }
+  return best;
+}
+inline double read_bandwidth_gbs(const std::vector<std::pair<const float*, int64_t>>& regions) {
+  return read_bandwidth(regions).gbs;
 }
 inline double read_bandwidth_gbs(const HugeBuffer<float>& buf) {
   return read_bandwidth_gbs({{buf.data(), static_cast<int64_t>(buf.size())}});
 }
 
-// GFLOPS of vdpbf16ps (2 flops per bf16 pair: 32 multiply-adds per instruction), 12 independent
-// accumulators per thread to cover the latency.
+// Peak probes: kChains independent accumulators per thread, so that neither the latency of the
+// longest-latency core nor the number of ports limits the rate (Zen 5: 2 ports x ~6 cycles of
+// vdpbf16ps latency = 12 in flight; 24 leaves room and still fits 32 zmm registers with the
+// two operands).
+inline constexpr int kChains = 24;
+
+// GFLOPS of vdpbf16ps (2 flops per bf16 pair: 32 multiply-adds per instruction).
 __attribute__((target("avx512f,avx512bf16"))) inline float dpbf16_loop(int64_t iters) {
-  __m512 acc[12];
-  for (auto& a : acc) a = _mm512_setzero_ps();
+  __m512 acc[kChains];
+#pragma GCC unroll 32
+  for (int j = 0; j < kChains; ++j) acc[j] = _mm512_set1_ps(static_cast<float>(j));  // equal chains would be merged
   const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3c00);
-  for (int64_t i = 0; i < iters; ++i)
-    for (auto& x : acc) x = _mm512_dpbf16_ps(x, a, b);
-  __m512 s = acc[0];
-  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
-  return _mm512_reduce_add_ps(s);
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 32
+    for (int j = 0; j < kChains; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], a, b);
+  }
+#pragma GCC unroll 32
+  for (int j = 1; j < kChains; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
+  return _mm512_reduce_add_ps(acc[0]);
 }
 
 // GFLOPS of fp32 FMAs (32 flops per 512-bit vfmadd), the roofline of fp32 attention.
 __attribute__((target("avx512f"))) inline float fma_loop(int64_t iters) {
-  __m512 acc[12];
-  for (auto& a : acc) a = _mm512_setzero_ps();
+  __m512 acc[kChains];
+#pragma GCC unroll 32
+  for (int j = 0; j < kChains; ++j) acc[j] = _mm512_set1_ps(static_cast<float>(j));  // equal chains would be merged
   const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.001f);
-  for (int64_t i = 0; i < iters; ++i)
-    for (auto& x : acc) x = _mm512_fmadd_ps(x, a, b);
-  __m512 s = acc[0];
-  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
-  return _mm512_reduce_add_ps(s);
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 32
+    for (int j = 0; j < kChains; ++j) acc[j] = _mm512_fmadd_ps(acc[j], a, b);
+  }
+#pragma GCC unroll 32
+  for (int j = 1; j < kChains; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
+  return _mm512_reduce_add_ps(acc[0]);
 }
 
-inline double fp32_peak_gflops() {
+// One call of loop(iters) per thread of the pool, timed; GFLOPS at flops_per_iter per call.
+template <typename Loop>
+inline double peak_gflops(Loop loop, double flops_per_iter) {
   const int64_t iters = 1 << 20;
   std::vector<float> sink(64);
   const int threads = thread_pool().num_threads();
   const double s = time_per_call([&] {
     thread_pool().parallel_for(threads, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) sink[i % 64] += fma_loop(iters);
+      for (int64_t i = b; i < e; ++i) sink[i % 64] += loop(iters);
     }, 1);
   }, 0.6);
-  return threads * iters * 12.0 * 32.0 / s / 1e9;
+  return threads * iters * flops_per_iter / s / 1e9;
 }
-
-inline double bf16_peak_gflops() {
-  const int64_t iters = 1 << 20;
-  std::vector<float> sink(64);
-  const int threads = thread_pool().num_threads();
-  const double s = time_per_call([&] {
-    thread_pool().parallel_for(threads, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) sink[i % 64] += dpbf16_loop(iters);
-    }, 1);
-  }, 0.6);
-  return threads * iters * 12.0 * 64.0 / s / 1e9;
-}
+inline double fp32_peak_gflops() { return peak_gflops(fma_loop, kChains * 32.0); }
+inline double bf16_peak_gflops() { return peak_gflops(dpbf16_loop, kChains * 64.0); }
 
 }  // namespace moat::bench

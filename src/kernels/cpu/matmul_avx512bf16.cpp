@@ -136,26 +136,33 @@ void permute_x64(const uint16_t* xb, int64_t T, int64_t Kp, uint16_t* xp) {
 // (a group-granular distance put the L1 target 87 KiB away there).
 struct PrefetchCursor {
   int64_t rows_ahead, k;  // prefetch row r + rows_ahead at column k (whole 4-row groups ahead)
-  // one step of `step` columns along rows of K columns
-  void advance(int64_t step, int64_t K) {
-    for (k += step; k >= K; k -= K) rows_ahead += 4;
-  }
 };
 struct Prefetch {
   PrefetchCursor l1, l2;  // where each starts for a tile reading from column 0
 };
 inline PrefetchCursor cursor_at(int64_t distance, int64_t K) { return {4 * (distance / K), distance % K}; }
-// Issues the L1 and L2 prefetches for NR rows (row stride `stride` elements of T) and moves both
-// cursors `step` columns on.
-template <int NR, typename T>
-inline void prefetch_rows(const T* rows, int64_t stride, int64_t step, int64_t K, PrefetchCursor& l1,
-                          PrefetchCursor& l2) {
-  for (int r = 0; r < NR; ++r) {
-    _mm_prefetch(reinterpret_cast<const char*>(rows + (l1.rows_ahead + r) * stride + l1.k), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(rows + (l2.rows_ahead + r) * stride + l2.k), _MM_HINT_T1);
+// A cursor on one tile's rows (stride elements apart) kept as an element offset from row 0, so an
+// address costs an add rather than a multiply: the decode tiles' loops run short of general
+// registers, and at -O3 GCC then spilled a weight vector.
+struct PrefetchStream {
+  int64_t k, off;
+  PrefetchStream(const PrefetchCursor& c, int64_t stride) : k(c.k), off(c.rows_ahead * stride + c.k) {}
+  // one step of `step` columns along rows of K columns
+  void advance(int64_t step, int64_t K, int64_t stride) {
+    off += step;
+    for (k += step; k >= K; k -= K) off += 4 * stride - K;
   }
-  l1.advance(step, K);
-  l2.advance(step, K);
+};
+// Issues the L1 and L2 prefetches for NR rows (row stride `stride` elements of T). The caller moves
+// the cursors on (advance) after its dot products: the advance is a loop, and vectors live across
+// it would have to survive a branch.
+template <int NR, typename T>
+inline void prefetch_rows(const T* rows, int64_t stride, const PrefetchStream& l1, const PrefetchStream& l2) {
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) {
+    _mm_prefetch(reinterpret_cast<const char*>(rows + l1.off + r * stride), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(rows + l2.off + r * stride), _MM_HINT_T1);
+  }
 }
 inline Prefetch prefetch_distances(int64_t K, int64_t elem_bytes) {
   return {cursor_at(2048 / elem_bytes, K), cursor_at(8192 / elem_bytes, K)};
@@ -174,48 +181,62 @@ inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 // acc[r][t] over K for NR weight rows (bf16, row stride ws) x NT tokens (xb rows, stride Kp);
 // writes y[t * N + r].
 // kSplit: x is hi + lo (xb and xb + lo_off), two dot products per weight vector.
+// Every loop over r and t carries `#pragma GCC unroll`: only fully unrolled do acc[][] and wv[]
+// have constant indices, and only then does GCC keep them in zmm registers. -O3 unrolls them on
+// its own, -O2 does not (then every vdpbf16ps loads and stores its accumulator: 2.5-4.5x slower
+// on Zen 5). tests/ops/no_spill_test.cpp disassembles these tiles and fails on such code.
 template <int NR, int NT, bool kSplit>
 void tile_bf16(const uint16_t* w, int64_t ws, const uint16_t* xb, int64_t lo_off, int64_t Kp, int64_t K, float* y,
                int64_t N, bool accumulate, const Prefetch& pf) {
   __m512 acc[NR][NT];
+#pragma GCC unroll 4
   for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
-  int64_t k = 0;
-  PrefetchCursor p1 = pf.l1, p2 = pf.l2;
-  for (; k + 32 <= K; k += 32) {
-    __m512i wv[NR];
-    for (int r = 0; r < NR; ++r) wv[r] = _mm512_loadu_si512(w + r * ws + k);
-    // decode-sized tiles only: in prefill the rows are already in L2 and the prefetches would
-    // take load slots from the dot products
-    if constexpr (NT <= 2) prefetch_rows<NR>(w, ws, 32, K, p1, p2);
+  // the dot products of one 32-column step against the NR weight vectors wv
+  auto step = [&](const __m512i (&wv)[NR], int64_t k) __attribute__((always_inline)) {
+#pragma GCC unroll 4
     for (int t = 0; t < NT; ++t) {
       const __m512i xv = _mm512_loadu_si512(xb + t * Kp + k);
+#pragma GCC unroll 4
       for (int r = 0; r < NR; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv);
       if constexpr (kSplit) {
         const __m512i xl = _mm512_loadu_si512(xb + lo_off + t * Kp + k);
+#pragma GCC unroll 4
         for (int r = 0; r < NR; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xl);
       }
+    }
+  };
+  int64_t k = 0;
+  PrefetchStream p1(pf.l1, ws), p2(pf.l2, ws);
+  for (; k + 32 <= K; k += 32) {
+    __m512i wv[NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) wv[r] = _mm512_loadu_si512(w + r * ws + k);
+    // decode-sized tiles only: in prefill the rows are already in L2 and the prefetches would
+    // take load slots from the dot products
+    if constexpr (NT <= 2) prefetch_rows<NR>(w, ws, p1, p2);
+    step(wv, k);
+    if constexpr (NT <= 2) {
+      p1.advance(32, K, ws);
+      p2.advance(32, K, ws);
     }
   }
   if (k < K) {  // ragged K: masked weight loads (x is zero padded to Kp)
     const __mmask32 m = tail_mask(K - k);
     __m512i wv[NR];
+#pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) wv[r] = _mm512_maskz_loadu_epi16(m, w + r * ws + k);
-    for (int t = 0; t < NT; ++t) {
-      const __m512i xv = _mm512_loadu_si512(xb + t * Kp + k);
-      for (int r = 0; r < NR; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv);
-      if constexpr (kSplit) {
-        const __m512i xl = _mm512_loadu_si512(xb + lo_off + t * Kp + k);
-        for (int r = 0; r < NR; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xl);
-      }
-    }
+    step(wv, k);
   }
+#pragma GCC unroll 4
   for (int t = 0; t < NT; ++t) {
     if constexpr (NR == 4) {
       __m128 v = reduce4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
       if (accumulate) v = _mm_add_ps(v, _mm_loadu_ps(y + t * N));
       _mm_storeu_ps(y + t * N, v);
     } else {
+#pragma GCC unroll 4
       for (int r = 0; r < NR; ++r)
         y[t * N + r] = (accumulate ? y[t * N + r] : 0.0f) + _mm512_reduce_add_ps(acc[r][t]);
     }
@@ -246,55 +267,77 @@ void run_rows(const uint16_t* w, int64_t ws, int64_t rows, const uint16_t* xb, i
 
 // fp8 rows [n0, n0 + NR) decoded in registers, NT <= 2 tokens (xp in lane-split order); the
 // block scale multiplies each block's fp32 partial sum once (looked up per row: a 4-row group can
-// straddle scale blocks when block_out is not a multiple of 4).
+// straddle scale blocks when block_out is not a multiple of 4). Each row is decoded right before
+// its dot products, so only one row's two weight vectors are live at a time: NR x NT x 2 (acc
+// and tot) + 5 (tables) + 2 x NT (x, twice when split) + 2 + temporaries must fit in 32 zmm
+// registers. 4x2 split does not (40+), so matmul runs split pairs of tokens as 2-row tiles.
 template <int NR, int NT, bool kSplit>
 void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xp, int64_t lo_off, int64_t Kp, float* y, int64_t N,
               const Fp8Tables& tables, const Prefetch& pf) {
+  static_assert(!(kSplit && NT == 2 && NR > 2), "spills: run split token pairs as 2-row tiles");
   const int64_t K = w.in_features, bi = w.block_in;
   const uint8_t* rows = static_cast<const uint8_t*>(w.data) + n0 * K;
   // one division per tile, not per row: NR <= block_out rows span at most two scale blocks
   const int64_t sc = w.scale_cols(), rb = n0 / w.block_out, rem = n0 - rb * w.block_out;
   const float* srow[NR];
+#pragma GCC unroll 4
   for (int r = 0; r < NR; ++r) srow[r] = w.scale_inv + (rb + (rem + r >= w.block_out ? 1 : 0)) * sc;
   __m512 tot[NR][NT];
+#pragma GCC unroll 4
   for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 2
     for (int t = 0; t < NT; ++t) tot[r][t] = _mm512_setzero_ps();
-  PrefetchCursor p1 = pf.l1, p2 = pf.l2;
+  PrefetchStream p1(pf.l1, K), p2(pf.l2, K);
   for (int64_t kb = 0, block = 0; kb < K; kb += bi, ++block) {
     const int64_t kend = std::min(K, kb + bi);
     __m512 acc[NR][NT];
+#pragma GCC unroll 4
     for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 2
       for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
     for (int64_t k = kb; k < kend; k += 64) {
       const __mmask64 m = tail_mask64(kend - k);
-      __m512i wa[NR], wb[NR];
-      for (int r = 0; r < NR; ++r) fp8x64_to_bf16(rows + r * K + k, m, tables, wa[r], wb[r]);
-      prefetch_rows<NR>(rows, K, 64, K, p1, p2);
+      prefetch_rows<NR>(rows, K, p1, p2);
+      __m512i xa[NT], xb[NT], la[NT], lb[NT];
+#pragma GCC unroll 2
       for (int t = 0; t < NT; ++t) {
-        const __m512i xa = _mm512_loadu_si512(xp + t * Kp + k), xb = _mm512_loadu_si512(xp + t * Kp + k + 32);
-        for (int r = 0; r < NR; ++r) {
-          acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wa[r], (__m512bh)xa);
-          acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wb[r], (__m512bh)xb);
-        }
+        xa[t] = _mm512_loadu_si512(xp + t * Kp + k);
+        xb[t] = _mm512_loadu_si512(xp + t * Kp + k + 32);
         if constexpr (kSplit) {
-          const __m512i la = _mm512_loadu_si512(xp + lo_off + t * Kp + k),
-                        lb = _mm512_loadu_si512(xp + lo_off + t * Kp + k + 32);
-          for (int r = 0; r < NR; ++r) {
-            acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wa[r], (__m512bh)la);
-            acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wb[r], (__m512bh)lb);
+          la[t] = _mm512_loadu_si512(xp + lo_off + t * Kp + k);
+          lb[t] = _mm512_loadu_si512(xp + lo_off + t * Kp + k + 32);
+        }
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        __m512i wa, wb;
+        fp8x64_to_bf16(rows + r * K + k, m, tables, wa, wb);
+#pragma GCC unroll 2
+        for (int t = 0; t < NT; ++t) {
+          acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wa, (__m512bh)xa[t]);
+          acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wb, (__m512bh)xb[t]);
+          if constexpr (kSplit) {
+            acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wa, (__m512bh)la[t]);
+            acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wb, (__m512bh)lb[t]);
           }
         }
       }
+      p1.advance(64, K, K);
+      p2.advance(64, K, K);
     }
+#pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
       const __m512 s = _mm512_set1_ps(srow[r][block]);
+#pragma GCC unroll 2
       for (int t = 0; t < NT; ++t) tot[r][t] = _mm512_fmadd_ps(acc[r][t], s, tot[r][t]);
     }
   }
+#pragma GCC unroll 2
   for (int t = 0; t < NT; ++t) {
     if constexpr (NR == 4) {
       _mm_storeu_ps(y + t * N, reduce4(tot[0][t], tot[1][t], tot[2][t], tot[3][t]));
     } else {
+#pragma GCC unroll 4
       for (int r = 0; r < NR; ++r) y[t * N + r] = _mm512_reduce_add_ps(tot[r][t]);
     }
   }
@@ -303,7 +346,12 @@ void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xp, int64_t lo_
 using Fp8TileFn = void (*)(const WeightMatrix&, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t,
                            const Fp8Tables&, const Prefetch&);
 template <int NR, bool S>
-constexpr Fp8TileFn kFp8Row[2] = {&tile_fp8<NR, 1, S>, &tile_fp8<NR, 2, S>};
+constexpr Fp8TileFn fp8_pair_tile() {
+  if constexpr (S && NR > 2) return nullptr;  // would spill (tile_fp8): matmul runs 2-row tiles
+  else return &tile_fp8<NR, 2, S>;
+}
+template <int NR, bool S>
+constexpr Fp8TileFn kFp8Row[2] = {&tile_fp8<NR, 1, S>, fp8_pair_tile<NR, S>()};
 constexpr const Fp8TileFn* kFp8Tiles[2][4] = {{kFp8Row<1, false>, kFp8Row<2, false>, kFp8Row<3, false>, kFp8Row<4, false>},
                                               {kFp8Row<1, true>, kFp8Row<2, true>, kFp8Row<3, true>, kFp8Row<4, true>}};
 
@@ -395,9 +443,14 @@ void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y) {
       if (fp8_direct) {
         for (int64_t r0 = 0; r0 < rows; r0 += 4) {
           const int64_t nr = std::min<int64_t>(4, rows - r0);
-          for (int64_t t = 0; t < T; t += 2)
-            kFp8Tiles[split][nr - 1][std::min<int64_t>(2, T - t) - 1](w, n0 + r0, xp + t * Kp, lo_off, Kp,
-                                                                       y + t * N + n0 + r0, N, tables, fp8_pf);
+          for (int64_t t = 0; t < T; t += 2) {
+            const int64_t nt = std::min<int64_t>(2, T - t);
+            // split token pairs: 2-row tiles (a 4x2 split tile needs more than 32 zmm registers)
+            const int64_t step = split && nt == 2 ? 2 : 4;
+            for (int64_t r1 = r0; r1 < r0 + nr; r1 += step)
+              kFp8Tiles[split][std::min(step, r0 + nr - r1) - 1][nt - 1](w, n0 + r1, xp + t * Kp, lo_off, Kp,
+                                                                         y + t * N + n0 + r1, N, tables, fp8_pf);
+          }
         }
         continue;
       }

@@ -1,0 +1,188 @@
+// The hot CPU loops must keep their accumulators in vector registers, whatever the optimization
+// level: at -O2 GCC 12 did not unroll the small row/token loops of the matmul tiles nor the
+// probes' chains, so every vdpbf16ps loaded and stored its accumulator from a stack array (issue
+// 12: 2.5-4.5x slower prefill and probes on Zen 5) and every test still passed. This test
+// disassembles the binary it runs in (the very code the other tests checked) with objdump and
+// fails when, inside a named hot function, a loop that does dot products / FMAs / adds stores a
+// zmm register to memory (those loops store no vectors at all when allocated well; a stored
+// accumulator is how a spill shows), or such an instruction reads its operand from the stack.
+//
+// MOAT_NO_SPILL_BINARY=path checks another binary or object file instead (e.g. one built at
+// another -O level, or an old revision's matmul_avx512bf16.cpp.o to see this test fail).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "../../bench/roofline.h"
+
+namespace {
+
+struct Insn {
+  uint64_t addr;
+  std::string mnemonic, operands;
+};
+
+struct Function {
+  std::string name;  // demangled
+  std::vector<Insn> insns;
+};
+
+// objdump -d -C of `path`, split into functions.
+std::vector<Function> disassemble(const std::string& path, std::string& error) {
+  const std::string cmd = "objdump -d -C -w --no-show-raw-insn '" + path + "' 2>&1";
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
+  std::vector<Function> out;
+  if (!p) {
+    error = "cannot run objdump";
+    return out;
+  }
+  static const std::regex header(R"(^[0-9a-f]+ <(.*)>:$)");
+  static const std::regex insn(R"(^\s*([0-9a-f]+):\s+(\S+)\s*(.*)$)");
+  char buf[8192];
+  std::smatch m;
+  while (fgets(buf, sizeof buf, p.get())) {
+    std::string line(buf);
+    while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
+    if (std::regex_match(line, m, header)) {
+      out.push_back({m[1].str(), {}});
+    } else if (!out.empty() && std::regex_match(line, m, insn)) {
+      out.back().insns.push_back({std::stoull(m[1].str(), nullptr, 16), m[2].str(), m[3].str()});
+    }
+  }
+  if (out.empty()) error = "objdump printed no functions for " + path;
+  return out;
+}
+
+// The problems found in f: each a line of the disassembly and why. min_in_loop > 0: some loop
+// must also hold that many accumulating instructions (a probe's independent chains; GCC merges
+// chains that compute the same values into one, which then measures latency, not throughput).
+std::vector<std::string> spills(const Function& f, int min_in_loop) {
+  static const std::regex accumulate(R"(^(vdpbf16ps|vfn?m(add|sub)\d*[ps][sd]|vaddps)$)");
+  static const std::regex stack_operand(R"(\(%(rsp|rbp)\b)");
+  static const std::regex zmm_store(R"(^%zmm\d+,.*\()");  // AT&T: source register first
+  static const std::regex branch_target(R"(^([0-9a-f]+)\b)");
+  std::vector<std::string> found;
+  auto show = [](const Insn& i) {
+    char a[32];
+    std::snprintf(a, sizeof a, "%llx", static_cast<unsigned long long>(i.addr));
+    return std::string(a) + ": " + i.mnemonic + " " + i.operands;
+  };
+  // Control flow between instructions (direct branches only; an indirect jump ends a path).
+  const size_t n = f.insns.size();
+  std::map<uint64_t, size_t> index;
+  for (size_t i = 0; i < n; ++i) index[f.insns[i].addr] = i;
+  std::vector<std::vector<size_t>> succ(n), pred(n);
+  std::smatch m;
+  for (size_t i = 0; i < n; ++i) {
+    const Insn& in = f.insns[i];
+    const bool jump = in.mnemonic[0] == 'j', uncond = in.mnemonic == "jmp";
+    if (jump && std::regex_search(in.operands, m, branch_target)) {
+      const auto t = index.find(std::stoull(m[1].str(), nullptr, 16));
+      if (t != index.end()) succ[i].push_back(t->second);
+    }
+    if (!uncond && in.mnemonic.rfind("ret", 0) != 0 && in.mnemonic != "ud2" && i + 1 < n) succ[i].push_back(i + 1);
+  }
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j : succ[i]) pred[j].push_back(i);
+  auto reach = [&](size_t from, const std::vector<std::vector<size_t>>& edges) {
+    std::vector<char> seen(n, 0);
+    std::vector<size_t> todo{from};
+    seen[from] = 1;
+    while (!todo.empty()) {
+      const size_t i = todo.back();
+      todo.pop_back();
+      for (size_t j : edges[i])
+        if (!seen[j]) seen[j] = 1, todo.push_back(j);
+    }
+    return seen;
+  };
+  // Each backward branch b -> t that closes a cycle: the loop is every instruction on a path from
+  // t to b (a backward jump to shared code, e.g. an epilogue, closes none and is no loop).
+  int most_in_loop = 0;
+  std::map<size_t, std::string> bad;  // by instruction, once however many loops hold it
+  for (size_t b = 0; b < n; ++b)
+    for (size_t t : succ[b]) {
+      if (t > b) continue;
+      const std::vector<char> from_t = reach(t, succ), to_b = reach(b, pred);
+      int accumulates = 0;
+      std::map<size_t, std::string> here;
+      for (size_t i = 0; i < n; ++i) {
+        if (!from_t[i] || !to_b[i]) continue;
+        const Insn& in = f.insns[i];
+        const bool acc = std::regex_match(in.mnemonic, accumulate);
+        accumulates += acc;
+        if (acc && std::regex_search(in.operands, stack_operand))
+          here[i] = show(in) + "  (operand on the stack, in the loop closed at " + show(f.insns[b]) + ")";
+        else if (in.mnemonic.rfind("vmov", 0) == 0 && std::regex_search(in.operands, zmm_store))
+          here[i] = show(in) + "  (zmm stored in the loop closed at " + show(f.insns[b]) + ")";
+      }
+      if (accumulates) bad.insert(here.begin(), here.end());
+      most_in_loop = std::max(most_in_loop, accumulates);
+    }
+  for (const auto& [i, why] : bad) found.push_back(why);
+  if (most_in_loop < min_in_loop)
+    found.push_back("at most " + std::to_string(most_in_loop) + " accumulating instructions in a loop, want " +
+                    std::to_string(min_in_loop) + " independent chains");
+  return found;
+}
+
+struct Hot {
+  const char* pattern;  // a piece of the demangled name
+  int min_functions;    // how many must be found (a renamed or vanished kernel fails loudly)
+  int min_in_loop = 0;  // see spills()
+};
+
+void check(const std::string& path, const std::vector<Hot>& hot) {
+  std::string error;
+  const std::vector<Function> fns = disassemble(path, error);
+  ASSERT_TRUE(error.empty()) << error;
+  std::map<std::string, int> seen;
+  int bad = 0;
+  for (const Function& f : fns) {
+    for (const Hot& h : hot) {
+      if (f.name.find(h.pattern) == std::string::npos) continue;
+      ++seen[h.pattern];
+      const auto problems = spills(f, h.min_in_loop);
+      for (const auto& p : problems) ADD_FAILURE() << f.name << "\n  " << p;
+      bad += !problems.empty();
+    }
+  }
+  for (const Hot& h : hot)
+    EXPECT_GE(seen[h.pattern], h.min_functions) << "hot functions matching '" << h.pattern << "' in " << path;
+  EXPECT_EQ(bad, 0) << bad << " hot function(s) keep accumulators in memory: see above";
+}
+
+}  // namespace
+
+TEST(NoSpill, HotKernelsKeepAccumulatorsInRegisters) {
+#ifndef __OPTIMIZE__
+  GTEST_SKIP() << "unoptimized build: everything lives on the stack";
+#else
+  // Out-of-line copies of the roofline probes (inline functions of bench/roofline.h), compiled
+  // here with the same flags as bench/: taking their addresses makes the compiler emit them.
+  for (const void* probe : {reinterpret_cast<const void*>(&moat::bench::dpbf16_loop),
+                            reinterpret_cast<const void*>(&moat::bench::fma_loop),
+                            static_cast<const void*>(moat::bench::kReadPatterns)})
+    asm volatile("" : : "r"(probe));
+  if (const char* other = std::getenv("MOAT_NO_SPILL_BINARY")) {
+    check(other, {{"tile_bf16<", 0}, {"tile_fp8<", 0}, {"moat::bench::", 0}});
+    return;
+  }
+  // 32 bf16 tiles (4 row counts x 4 token counts x split or not) and the 14 fp8 ones.
+  // resolved here: objdump's own /proc/self/exe is objdump
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  check(self, {{"cpu_avx512bf16::(anonymous namespace)::tile_bf16<", 32},
+               {"cpu_avx512bf16::(anonymous namespace)::tile_fp8<", 14},
+               {"moat::bench::dpbf16_loop", 1, 16},
+               {"moat::bench::fma_loop", 1, 16},
+               {"moat::bench::sum_", static_cast<int>(std::size(moat::bench::kReadPatterns))}});
+#endif
+}
