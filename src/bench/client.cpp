@@ -63,11 +63,6 @@ std::string shorten(std::string s, size_t n = 300) {
 
 }  // namespace
 
-double monotonic_s() {
-  static const auto epoch = std::chrono::steady_clock::now();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch).count();
-}
-
 Result<ParsedUrl> parse_base_url(const std::string& base_url) {
   size_t scheme_end = base_url.find("://");
   if (scheme_end == std::string::npos)
@@ -130,9 +125,17 @@ Result<std::string> fetch_model_id(const EndpointConfig& endpoint) {
   return j["data"][0]["id"].get<std::string>();
 }
 
+struct StreamingClient::Attempt {
+  RequestRecord rec;
+  httplib::Error transport = httplib::Error::Success;  // Success unless httplib failed
+  bool reused_connection = false;
+};
+
 StreamingClient::StreamingClient(EndpointConfig endpoint, std::string path,
                                  std::unique_ptr<httplib::Client> cli)
-    : endpoint_(std::move(endpoint)), path_(std::move(path)), cli_(std::move(cli)) {}
+    : endpoint_(std::move(endpoint)), path_(std::move(path)), cli_(std::move(cli)) {
+  cli_->set_socket_options([this](int) { connections_opened_.fetch_add(1); });
+}
 
 StreamingClient::~StreamingClient() = default;
 
@@ -154,7 +157,25 @@ Result<std::unique_ptr<StreamingClient>> StreamingClient::create(const EndpointC
 void StreamingClient::stop() { cli_->stop(); }
 
 RequestRecord StreamingClient::send(const BenchRequest& request, const std::atomic<bool>* cancel) {
-  RequestRecord rec;
+  Attempt a = send_once(request, cancel);
+  // Read/Write: the socket failed under us. No status line yet: the server answered nothing, so
+  // resending cannot count a request twice that the server has begun to answer.
+  bool lost_on_stale_connection =
+      !a.rec.success && !a.rec.cancelled && a.reused_connection && a.rec.http_status == 0 &&
+      (a.transport == httplib::Error::Read || a.transport == httplib::Error::Write);
+  if (!lost_on_stale_connection) return std::move(a.rec);
+  // httplib has closed the failed socket, so this attempt connects afresh; and a server that
+  // closes connections under requests gains nothing from keep-alive but lost requests.
+  cli_->set_keep_alive(false);
+  Attempt again = send_once(request, cancel);
+  again.rec.resent = a.rec.resent + 1;
+  return std::move(again.rec);
+}
+
+StreamingClient::Attempt StreamingClient::send_once(const BenchRequest& request,
+                                                    const std::atomic<bool>* cancel) {
+  Attempt attempt;
+  RequestRecord& rec = attempt.rec;
   rec.expected_input_tokens = request.input_tokens;
   bool done = false;
   std::string error_body;  // non-2xx bodies, kept short
@@ -212,25 +233,28 @@ RequestRecord StreamingClient::send(const BenchRequest& request, const std::atom
 
   httplib::Response res;
   httplib::Error err = httplib::Error::Success;
+  const int64_t opened_before = connections_opened_.load();
   rec.send_s = monotonic_s();
   bool sent = cli_->send(req, res, err);
   rec.end_s = monotonic_s();
+  attempt.reused_connection = connections_opened_.load() == opened_before;
+  if (!sent) attempt.transport = err;
 
   if (cancel && cancel->load(std::memory_order_relaxed)) {
     rec.cancelled = true;
-    return rec;
+    return attempt;
   }
-  if (!rec.error.empty()) return rec;  // mid-stream error, already described
+  if (!rec.error.empty()) return attempt;  // mid-stream error, already described
   if (rec.http_status != 0 && (rec.http_status < 200 || rec.http_status >= 300)) {
     json j = json::parse(error_body, nullptr, false);
     std::string msg = j.is_discarded() ? error_body : error_message(j);
     if (msg.empty()) msg = error_body;
     rec.error = fmt::format("HTTP {}: {}", rec.http_status, shorten(msg));
-    return rec;
+    return attempt;
   }
   if (!sent) {
     rec.error = "transport error: " + httplib::to_string(err);
-    return rec;
+    return attempt;
   }
   if (!sse.saw_data()) {
     // A server that ignored "stream": true answers with one JSON body: one chunk at the end.
@@ -247,10 +271,10 @@ RequestRecord StreamingClient::send(const BenchRequest& request, const std::atom
   }
   if (rec.chunk_s.empty()) {
     rec.error = done ? "the stream ended without any text" : "empty response (no SSE data)";
-    return rec;
+    return attempt;
   }
   rec.success = true;
-  return rec;
+  return attempt;
 }
 
 }  // namespace moat::bench

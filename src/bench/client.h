@@ -2,6 +2,15 @@
 // /v1/chat/completions with "stream": true and records when each non-empty chunk arrived.
 // One StreamingClient per worker thread holds one keep-alive connection; stop() may be called
 // from another thread to abort the request in flight (Ctrl-C).
+//
+// Servers close kept-alive connections when they like: llama-server advertises
+// "Keep-Alive: timeout=5, max=100" yet closes a moment after every streamed response, so a
+// request written onto that connection in the moment before the close is never answered. When
+// the transport fails on a reused connection before the response's status line and headers
+// arrived, the request is resent once on a fresh connection (the server never answered it; it
+// is the client's loss, not a server failure), and that client stops reusing connections, since
+// its server closes them. A failure on a fresh connection, or after the response began, is the
+// server's and is recorded as such.
 #pragma once
 
 #include <atomic>
@@ -10,6 +19,7 @@
 #include <string_view>
 
 #include "base/status.h"
+#include "bench/clock.h"
 #include "bench/metrics.h"
 #include "bench/workload.h"
 
@@ -27,9 +37,6 @@ struct EndpointConfig {
   bool ignore_eos = true;  // vLLM, sglang and llama-server honour it; makes output lengths exact
   double timeout_s = 3600;  // per read; long prompts can take minutes to the first token
 };
-
-// Seconds on a process-wide steady clock; every recorded time uses it.
-double monotonic_s();
 
 // "http://host:8000/v1/" -> scheme_host_port "http://host:8000", path "/v1/completions".
 struct ParsedUrl {
@@ -84,9 +91,13 @@ class StreamingClient {
 
  private:
   StreamingClient(EndpointConfig endpoint, std::string path, std::unique_ptr<httplib::Client> cli);
+  struct Attempt;
+  Attempt send_once(const BenchRequest& request, const std::atomic<bool>* cancel);
   EndpointConfig endpoint_;
   std::string path_;
   std::unique_ptr<httplib::Client> cli_;
+  // Sockets httplib has created: unchanged across an attempt means it went over a reused one.
+  std::atomic<int64_t> connections_opened_{0};
 };
 
 }  // namespace moat::bench

@@ -62,6 +62,7 @@ Metrics compute_metrics(const std::vector<RequestRecord>& records, double durati
   double first_error_time = std::numeric_limits<double>::infinity();
   double sum_e2e_s = 0;
   for (const RequestRecord& r : records) {
+    if (r.resent > 0) ++m.resent;
     if (r.cancelled) {
       ++m.cancelled;
       continue;

@@ -27,6 +27,9 @@ struct RequestRecord {
   int64_t completion_tokens = -1;   // from the server's usage, -1 when absent
   int64_t expected_input_tokens = 0;  // what the workload built (exact with a tokenizer)
   std::string text;                 // generated text, for debugging and retokenising
+  // Times the request was sent again on a fresh connection because the server had closed the
+  // kept-alive one under it before answering (send_s is the last sending: the server saw only it).
+  int resent = 0;
 
   // Usage when the server reports it; otherwise one token per non-empty chunk.
   int64_t output_tokens() const;
@@ -55,6 +58,7 @@ struct Metrics {
   int concurrency = 0;             // the limit asked for; 0 = unlimited
   double request_rate = 0;         // requests/s asked for; infinity = all at once
   int64_t completed = 0, failed = 0, cancelled = 0;
+  int64_t resent = 0;  // requests resent on a fresh connection (see RequestRecord::resent)
   std::string first_error;
   bool interrupted = false;
   double duration_s = 0;

@@ -38,6 +38,8 @@ void print_summary(std::FILE* out, const Metrics& m, const RunContext& ctx) {
   line(out, "Successful requests:", std::to_string(m.completed));
   line(out, "Failed requests:", std::to_string(m.failed));
   if (m.cancelled) line(out, "Cancelled requests:", std::to_string(m.cancelled));
+  // Not failures: the server closed a kept-alive connection under these before answering.
+  if (m.resent) line(out, "Resent on a fresh connection:", std::to_string(m.resent));
   line(out, "Benchmark duration (s):", m.duration_s);
   line(out, ctx.exact_input_tokens ? "Total input tokens:" : "Total input tokens (approx.):",
        std::to_string(m.total_input_tokens));
@@ -99,6 +101,7 @@ json to_json(const Metrics& m, const RunContext& ctx) {
   j["completed"] = m.completed;
   j["failed"] = m.failed;
   j["cancelled"] = m.cancelled;
+  j["resent"] = m.resent;
   j["first_error"] = m.first_error.empty() ? json(nullptr) : json(m.first_error);
   j["interrupted"] = m.interrupted;
   j["duration_s"] = m.duration_s;
@@ -129,6 +132,7 @@ json to_json(const Metrics& m, const RunContext& ctx) {
   j["range_ratio"] = ctx.range_ratio;
   j["num_prompts"] = ctx.num_prompts;
   j["exact_input_tokens"] = ctx.exact_input_tokens;
+  if (ctx.server_tokens_per_word > 0) j["server_tokens_per_word"] = ctx.server_tokens_per_word;
   return j;
 }
 

@@ -21,6 +21,7 @@ struct RunContext {
   double range_ratio = 1;
   int num_prompts = 0;
   bool exact_input_tokens = false;  // a tokenizer built the prompts
+  double server_tokens_per_word = 0;  // measured on the server to size word prompts; 0: not done
 };
 
 void print_summary(std::FILE* out, const Metrics& m, const RunContext& ctx);

@@ -138,6 +138,7 @@ Result<RunResult> run_benchmark(const EndpointConfig& endpoint,
     result.records.push_back(std::move(records[i]));
   }
   if (result.interrupted && stop_time > 0) end = std::max(end, stop_time);
+  result.start_s = start;
   result.duration_s = end - start;
   return result;
 }

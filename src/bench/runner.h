@@ -29,7 +29,8 @@ struct RunOptions {
 
 struct RunResult {
   std::vector<RequestRecord> records;  // one per request that was sent, in workload order
-  double duration_s = 0;  // first send to last finish (to the interrupt when interrupted)
+  double start_s = 0;     // monotonic_s() when the measured requests were released
+  double duration_s = 0;  // start_s to last finish (to the interrupt when interrupted)
   bool interrupted = false;
 };
 
