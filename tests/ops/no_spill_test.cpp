@@ -5,7 +5,9 @@
 // disassembles the binary it runs in (the very code the other tests checked) with objdump and
 // fails when, inside a named hot function, a loop that does dot products / FMAs / adds stores a
 // zmm register to memory (those loops store no vectors at all when allocated well; a stored
-// accumulator is how a spill shows), or such an instruction reads its operand from the stack.
+// accumulator is how a spill shows), or such an instruction reads its operand from the stack;
+// also when a probe has fewer independent chains than it should, or a decode tile lost its
+// prefetches.
 //
 // MOAT_NO_SPILL_BINARY=path checks another binary or object file instead (e.g. one built at
 // another -O level, or an old revision's matmul_avx512bf16.cpp.o to see this test fail).
@@ -64,7 +66,9 @@ std::vector<Function> disassemble(const std::string& path, std::string& error) {
 // The problems found in f: each a line of the disassembly and why. min_in_loop > 0: some loop
 // must also hold that many accumulating instructions (a probe's independent chains; GCC merges
 // chains that compute the same values into one, which then measures latency, not throughput).
-std::vector<std::string> spills(const Function& f, int min_in_loop) {
+// prefetch: a loop with accumulating instructions must also issue prefetcht0 (the decode tiles;
+// GCC once deleted their prefetches, taking an out-of-line helper for free of side effects).
+std::vector<std::string> spills(const Function& f, int min_in_loop, bool prefetch) {
   static const std::regex accumulate(R"(^(vdpbf16ps|vfn?m(add|sub)\d*[ps][sd]|vaddps)$)");
   static const std::regex stack_operand(R"(\(%(rsp|rbp)\b)");
   static const std::regex zmm_store(R"(^%zmm\d+,.*\()");  // AT&T: source register first
@@ -107,27 +111,32 @@ std::vector<std::string> spills(const Function& f, int min_in_loop) {
   // Each backward branch b -> t that closes a cycle: the loop is every instruction on a path from
   // t to b (a backward jump to shared code, e.g. an epilogue, closes none and is no loop).
   int most_in_loop = 0;
+  bool prefetches = false;
   std::map<size_t, std::string> bad;  // by instruction, once however many loops hold it
   for (size_t b = 0; b < n; ++b)
     for (size_t t : succ[b]) {
       if (t > b) continue;
       const std::vector<char> from_t = reach(t, succ), to_b = reach(b, pred);
       int accumulates = 0;
+      bool prefetch_here = false;
       std::map<size_t, std::string> here;
       for (size_t i = 0; i < n; ++i) {
         if (!from_t[i] || !to_b[i]) continue;
         const Insn& in = f.insns[i];
         const bool acc = std::regex_match(in.mnemonic, accumulate);
         accumulates += acc;
+        prefetch_here |= in.mnemonic == "prefetcht0";
         if (acc && std::regex_search(in.operands, stack_operand))
           here[i] = show(in) + "  (operand on the stack, in the loop closed at " + show(f.insns[b]) + ")";
         else if (in.mnemonic.rfind("vmov", 0) == 0 && std::regex_search(in.operands, zmm_store))
           here[i] = show(in) + "  (zmm stored in the loop closed at " + show(f.insns[b]) + ")";
       }
       if (accumulates) bad.insert(here.begin(), here.end());
+      prefetches |= accumulates && prefetch_here;
       most_in_loop = std::max(most_in_loop, accumulates);
     }
   for (const auto& [i, why] : bad) found.push_back(why);
+  if (prefetch && !prefetches) found.push_back("no prefetcht0 in the loops that accumulate");
   if (most_in_loop < min_in_loop)
     found.push_back("at most " + std::to_string(most_in_loop) + " accumulating instructions in a loop, want " +
                     std::to_string(min_in_loop) + " independent chains");
@@ -137,7 +146,8 @@ std::vector<std::string> spills(const Function& f, int min_in_loop) {
 struct Hot {
   const char* pattern;  // a piece of the demangled name
   int min_functions;    // how many must be found (a renamed or vanished kernel fails loudly)
-  int min_in_loop = 0;  // see spills()
+  int min_in_loop = 0;     // see spills()
+  bool prefetch = false;  // see spills()
 };
 
 void check(const std::string& path, const std::vector<Hot>& hot) {
@@ -150,14 +160,14 @@ void check(const std::string& path, const std::vector<Hot>& hot) {
     for (const Hot& h : hot) {
       if (f.name.find(h.pattern) == std::string::npos) continue;
       ++seen[h.pattern];
-      const auto problems = spills(f, h.min_in_loop);
+      const auto problems = spills(f, h.min_in_loop, h.prefetch);
       for (const auto& p : problems) ADD_FAILURE() << f.name << "\n  " << p;
       bad += !problems.empty();
     }
   }
   for (const Hot& h : hot)
     EXPECT_GE(seen[h.pattern], h.min_functions) << "hot functions matching '" << h.pattern << "' in " << path;
-  EXPECT_EQ(bad, 0) << bad << " hot function(s) keep accumulators in memory: see above";
+  EXPECT_EQ(bad, 0) << bad << " hot function(s) failed: see above";
 }
 
 }  // namespace
@@ -172,17 +182,21 @@ TEST(NoSpill, HotKernelsKeepAccumulatorsInRegisters) {
                             reinterpret_cast<const void*>(&moat::bench::fma_loop),
                             static_cast<const void*>(moat::bench::kReadPatterns)})
     asm volatile("" : : "r"(probe));
+  // 32 bf16 tiles (4 row counts x 4 token counts x split or not) and the 14 fp8 ones.
+  std::vector<Hot> hot = {{"cpu_avx512bf16::(anonymous namespace)::tile_bf16<", 32},
+                          {"cpu_avx512bf16::(anonymous namespace)::tile_fp8<", 14, 0, true},
+                          // the decode-sized bf16 tiles (1 or 2 tokens) prefetch their rows
+                          {"cpu_avx512bf16::(anonymous namespace)::tile_bf16<4, 1, ", 2, 0, true},
+                          {"cpu_avx512bf16::(anonymous namespace)::tile_bf16<4, 2, ", 2, 0, true},
+                          {"moat::bench::dpbf16_loop", 1, 16},
+                          {"moat::bench::fma_loop", 1, 16},
+                          {"moat::bench::sum_", static_cast<int>(std::size(moat::bench::kReadPatterns))}};
   if (const char* other = std::getenv("MOAT_NO_SPILL_BINARY")) {
-    check(other, {{"tile_bf16<", 0}, {"tile_fp8<", 0}, {"moat::bench::", 0}});
+    for (Hot& h : hot) h.min_functions = 0;  // a lone object file holds only some of them
+    check(other, hot);
     return;
   }
-  // 32 bf16 tiles (4 row counts x 4 token counts x split or not) and the 14 fp8 ones.
   // resolved here: objdump's own /proc/self/exe is objdump
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  check(self, {{"cpu_avx512bf16::(anonymous namespace)::tile_bf16<", 32},
-               {"cpu_avx512bf16::(anonymous namespace)::tile_fp8<", 14},
-               {"moat::bench::dpbf16_loop", 1, 16},
-               {"moat::bench::fma_loop", 1, 16},
-               {"moat::bench::sum_", static_cast<int>(std::size(moat::bench::kReadPatterns))}});
+  check(std::filesystem::read_symlink("/proc/self/exe").string(), hot);
 #endif
 }
