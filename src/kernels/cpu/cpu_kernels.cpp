@@ -1,8 +1,7 @@
 // CPU backend: SIMD kernels with runtime CPU-feature dispatch. Each kernel is registered with the
 // instruction set it needs (Constraints::cpu_isa), so resolution picks the best one the running
-// CPU has and `moat doctor` says why the others were skipped. Ops without a SIMD kernel here
-// (moe_route, the sampling renorms, sample_from_probs) resolve to the reference kernel as a
-// declared Fallback: they run once per token on [T, vocab] rows and are not on the critical path.
+// CPU has and `moat doctor` says why the others were skipped. The sampling ops and moe_route
+// have their kernels in sampling_kernels.cpp.
 #include "kernels/cpu/cpu_kernels.h"
 
 #include <algorithm>
