@@ -84,9 +84,9 @@ int main(int argc, char** argv) {
   std::vector<int32_t> prompt(static_cast<size_t>(a.prompt_tokens));
   for (auto& t : prompt) t = token(rng);
   std::vector<float> logits(static_cast<size_t>(V));
-  auto cache = model.new_cache(context);
+  auto cache = model.new_sequence_cache(context);
 
-  auto prefill = [&] { model.forward(ForwardBatch::for_sequence(prompt, 0, cache.get()), logits.data()); };
+  auto prefill = [&] { model.forward(cache, prompt, 0, logits.data()); };
   // The first prefill faults the mmapped weights in; the second is the measurement.
   prefill();
   const auto p0 = std::chrono::steady_clock::now();
@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   int32_t next_token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   int64_t position = a.prompt_tokens;
   auto decode_step = [&] {
-    model.forward(ForwardBatch::for_sequence({next_token}, static_cast<int32_t>(position++), cache.get()), logits.data());
+    model.forward(cache, std::span<const int32_t>(&next_token, 1), static_cast<int32_t>(position++), logits.data());
     next_token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   };
   // A few untimed steps first: the steady state is what a long generation sees (right after a
@@ -127,18 +127,17 @@ int main(int argc, char** argv) {
   const double bf16_peak = bench::bf16_peak_gflops() * 1e9;
 
   const auto active = model.active_weights_per_token();
-  const int64_t D = c.kv_cache_dim();
   const double avg_ctx = a.prompt_tokens + kWarmupDecodeSteps + a.decode_tokens / 2.0;
-  const double kv_read = c.num_hidden_layers * avg_ctx * D * 4.0;  // fp32 latent cache
+  const double kv_read = avg_ctx * static_cast<double>(model.cache_shape().bytes_per_token());  // bf16 latent cache
   const double decode_roof_tps = bandwidth / (active.bytes + kv_read);
   // Absorbed attention: per (query, key) pair and head, q.row over D values and the latent
   // output over kv_lora values, 2 FLOPs per multiply-add.
   const double pairs = a.prompt_tokens * (a.prompt_tokens + 1) / 2.0;
-  const double attn_flops = c.num_hidden_layers * pairs * c.num_attention_heads * 2.0 * (D + c.kv_lora_rank);
+  const double attn_flops = c.num_hidden_layers * pairs * c.num_attention_heads * 2.0 * (c.kv_cache_dim() + c.kv_lora_rank);
   const double prefill_flops = 2.0 * active.params * a.prompt_tokens + attn_flops;
   const double prefill_roof_tps = a.prompt_tokens / (prefill_flops / bf16_peak);
   const double prefill_tps = a.prompt_tokens / prefill_s, decode_tps = 1.0 / decode_s;
-  const double ckpt_mib = model.checkpoint().total_bytes() / 1048576.0, kv_mib = cache->bytes() / 1048576.0;
+  const double ckpt_mib = model.checkpoint().total_bytes() / 1048576.0, kv_mib = cache.pages.bytes() / 1048576.0;
 
   if (a.markdown) {
     std::printf("| %s | %d | %s, %s, %.0f%% | %.1f / %.1f | %.1f | %.1f | %.0f%% | %.2f | %.2f | %.0f%% | %.0f | %.0f + %.0f | %.2f |\n",

@@ -1,15 +1,18 @@
-// moat generate: stream a completion of --prompt from a local checkpoint, then report prefill
-// and decode speed on stderr.
+// moat generate: stream a completion of --prompt from a local checkpoint through the engine core
+// (the same scheduler, paged cache and sampler a server uses), then report prefill and decode
+// speed on stderr. stdout holds only the prompt and the completion.
 #include <sys/resource.h>
 
+#include <chrono>
 #include <cstdio>
+#include <optional>
 #include <fmt/format.h>
 
 #include "base/log.h"
 #include "base/thread_pool.h"
 #include "cli/command.h"
 #include "cli/model_options.h"
-#include "engine/generator.h"
+#include "engine/engine.h"
 #include "tokenizer/chat_template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -30,6 +33,8 @@ struct GenerateArgs {
   bool ignore_eos = false;
   bool chat = false;
   std::string system;
+  std::vector<std::string> stop;
+  EngineOptions engine{.max_num_seqs = 1};
 };
 
 // The prompt as the model's chat template renders a one-turn conversation (tokenizer_config.json
@@ -48,26 +53,24 @@ Result<std::string> render_chat_prompt(const Tokenizer& tokenizer, const std::st
   return tmpl.render(context);
 }
 
+int fail(const std::string& message) {
+  fmt::print(stderr, "error: {}\n", message);
+  return 1;
+}
+
 int run_generate(const GenerateArgs& a) {
+  using Clock = std::chrono::steady_clock;
+  if (auto ok = a.model.check_dir(); !ok) return fail(ok.error().message);
   auto tokenizer = Tokenizer::load(a.model.dir());
-  if (!tokenizer) {
-    fmt::print(stderr, "error: {}\n", tokenizer.error().message);
-    return 1;
-  }
+  if (!tokenizer) return fail(tokenizer.error().message);
   auto model = a.model.load(a.max_context);
-  if (!model) {
-    fmt::print(stderr, "error: {}\n", model.error().message);
-    return 1;
-  }
+  if (!model) return fail(model.error().message);
   std::vector<int32_t> prompt;
   if (a.chat) {
     // The template writes BOS itself when the model wants one; special tokens in the rendered
     // text are matched by encode().
     auto text = render_chat_prompt(*tokenizer, a.system, a.prompt);
-    if (!text) {
-      fmt::print(stderr, "error: {}\n", text.error().message);
-      return 1;
-    }
+    if (!text) return fail(text.error().message);
     prompt = tokenizer->encode(*text);
   } else {
     if (!a.no_bos && tokenizer->bos_id()) prompt.push_back(*tokenizer->bos_id());
@@ -75,41 +78,55 @@ int run_generate(const GenerateArgs& a) {
     prompt.insert(prompt.end(), body.begin(), body.end());
   }
 
-  GenerationOptions options;
-  options.max_new_tokens = a.max_tokens;
-  options.sampling = {a.temperature, a.top_k, a.top_p, a.min_p, a.seed};
-  options.ignore_eos = a.ignore_eos;
-  if (tokenizer->eos_id()) options.stop_token_ids.push_back(*tokenizer->eos_id());
-  for (int64_t id : (*model)->config().eos_token_ids) options.stop_token_ids.push_back(static_cast<int32_t>(id));
+  auto engine = Engine::create(**model, a.engine.config(a.max_context), &*tokenizer);
+  if (!engine) return fail(engine.error().message);
+  GenerateRequest request;
+  request.prompt = prompt;
+  request.sampling = {.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p, .min_p = a.min_p, .seed = a.seed};
+  request.stop.max_tokens = a.max_tokens;
+  request.stop.ignore_eos = a.ignore_eos;
+  if (tokenizer->eos_id()) request.stop.eos_token_ids.push_back(*tokenizer->eos_id());
+  for (int64_t id : (*model)->config().eos_token_ids) request.stop.eos_token_ids.push_back(static_cast<int32_t>(id));
+  request.stop.stop_strings = a.stop;
+  // Refused requests are reported before anything is printed, so stdout only ever holds text.
+  auto id = (*engine)->add_request(std::move(request));
+  if (!id) return fail(id.error().message);
 
   if (!a.chat) fmt::print("{}", a.prompt);  // a chat reply stands alone
   std::fflush(stdout);
-  IncrementalDetokenizer detok(*tokenizer);
-  Generator generator(**model);
-  auto stats = generator.generate(prompt, options, [&](int32_t token) {
-    fmt::print("{}", detok.push(token));
-    std::fflush(stdout);
-    return true;
-  });
-  fmt::print("{}\n", detok.flush());
-  if (!stats) {
-    fmt::print(stderr, "error: {}\n", stats.error().message);
-    return 1;
+  const auto start = Clock::now();
+  std::optional<Clock::time_point> first_token;
+  RequestOutput last;
+  while ((*engine)->has_work()) {
+    for (RequestOutput& out : (*engine)->step()) {
+      if (!first_token && !out.new_tokens.empty()) first_token = Clock::now();
+      fmt::print("{}", out.text);
+      std::fflush(stdout);
+      if (out.finished) last = std::move(out);
+    }
   }
+  fmt::print("\n");
+  std::fflush(stdout);
+  const auto end = Clock::now();
+  const double prefill_s = std::chrono::duration<double>(first_token.value_or(end) - start).count();
+  const double decode_s = std::chrono::duration<double>(end - first_token.value_or(end)).count();
+  const int64_t generated = last.output_tokens;
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   fmt::print(stderr,
-             "prompt {} tokens, prefill {:.1f} tok/s ({:.3f} s); generated {} tokens, decode {:.2f} tok/s; "
-             "{} threads, {} backend, peak RSS {:.1f} MiB\n",
-             stats->prompt_tokens, stats->prefill_tokens_per_second(), stats->prefill_seconds,
-             stats->generated_tokens, stats->decode_tokens_per_second(), thread_pool().num_threads(),
-             ops::backend_name((*model)->ops().backend()), usage.ru_maxrss / 1024.0);
+             "prompt {} tokens, prefill {:.1f} tok/s ({:.3f} s); generated {} tokens ({}), decode {:.2f} tok/s; "
+             "{} threads, {} backend, {} KV cache, peak RSS {:.1f} MiB\n",
+             last.prompt_tokens, prefill_s > 0 ? last.prompt_tokens / prefill_s : 0.0, prefill_s, generated,
+             finish_reason_name(last.finish_reason), generated > 1 && decode_s > 0 ? (generated - 1) / decode_s : 0.0,
+             thread_pool().num_threads(), ops::backend_name((*model)->ops().backend()),
+             dtype_name((*model)->cache_shape().dtype), usage.ru_maxrss / 1024.0);
   return 0;
 }
 
 void setup(CLI::App& sub, int& exit_code) {
   auto args = std::make_shared<GenerateArgs>();
   args->model.add_to(sub);
+  args->engine.add_to(sub);
   sub.add_option("--prompt,-p", args->prompt, "prompt text")->required();
   sub.add_option("--max-tokens,-n", args->max_tokens, "tokens to generate")->check(CLI::NonNegativeNumber);
   sub.add_option("--temperature", args->temperature, "0 = greedy");
@@ -122,6 +139,7 @@ void setup(CLI::App& sub, int& exit_code) {
   sub.add_flag("--ignore-eos", args->ignore_eos, "keep generating past end-of-sequence");
   sub.add_flag("--chat", args->chat, "wrap the prompt in the model's chat template as a user turn");
   sub.add_option("--system", args->system, "system message for --chat");
+  sub.add_option("--stop", args->stop, "stop when the text contains this string (repeatable; not printed)");
   sub.callback([args, &exit_code] { exit_code = run_generate(*args); });
 }
 

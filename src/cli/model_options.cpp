@@ -1,11 +1,21 @@
 #include "cli/model_options.h"
 
+#include <filesystem>
+
 #include "base/thread_pool.h"
 #include "cli/command.h"
 
 namespace moat::cli {
 
 std::string ModelOptions::dir() const { return model.empty() ? default_model_dir() : model; }
+
+Status ModelOptions::check_dir() const {
+  std::error_code ec;
+  const std::string d = dir();
+  if (!std::filesystem::exists(d, ec)) return make_error("--model {}: no such directory", d);
+  if (!std::filesystem::is_directory(d, ec)) return make_error("--model {}: not a directory", d);
+  return ok_status();
+}
 
 void ModelOptions::add_to(CLI::App& sub) {
   sub.add_option("--model,-m", model,
@@ -17,15 +27,42 @@ void ModelOptions::add_to(CLI::App& sub) {
   sub.add_flag("--exact", exact,
                "fp32-accurate activations in every matmul (default: bf16 in prefill and against fp8 weights, "
                "like GPU engines; exact costs ~2x prefill time and ~1.3x fp8 decode time)");
+  sub.add_option("--kv-dtype", kv_dtype, "latent KV cache element type: bf16 (default), fp8 (e4m3 + row scale), fp32");
 }
 
 Result<std::unique_ptr<DeepseekModel>> ModelOptions::load(int64_t max_context) const {
+  MOAT_TRY(check_dir());
   if (threads > 0) set_num_threads(threads);
   MOAT_ASSIGN_OR_RETURN(ops::Backend parsed, ops::parse_backend(backend));
+  MOAT_ASSIGN_OR_RETURN(DType kv, parse_kv_dtype(kv_dtype));
   return DeepseekModel::load(dir(), {.backend = parsed,
                                      .max_context = max_context,
                                      .exact_activations = exact,
-                                     .weights = no_mmap ? WeightPlacement::memory : WeightPlacement::mmap});
+                                     .weights = no_mmap ? WeightPlacement::memory : WeightPlacement::mmap,
+                                     .kv_dtype = kv});
+}
+
+void EngineOptions::add_to(CLI::App& sub) {
+  sub.add_option("--block-size", block_size, "tokens per KV cache block")->check(CLI::Range(1, 4096));
+  sub.add_option("--kv-memory", kv_memory_gib,
+                 "latent KV cache size in GiB (default: max-num-seqs full contexts, at most half the free memory)")
+      ->check(CLI::NonNegativeNumber);
+  sub.add_option("--max-num-seqs", max_num_seqs, "requests running at once")->check(CLI::PositiveNumber);
+  sub.add_option("--max-num-batched-tokens", max_num_batched_tokens,
+                 "tokens per engine step (prompt chunks + decode tokens)")
+      ->check(CLI::PositiveNumber);
+  sub.add_flag("--no-prefix-caching", no_prefix_caching, "do not reuse the KV blocks of shared prompt prefixes");
+}
+
+EngineConfig EngineOptions::config(int64_t max_model_len) const {
+  EngineConfig c;
+  c.block_size = block_size;
+  c.kv_memory_bytes = static_cast<int64_t>(kv_memory_gib * 1024.0 * 1024.0 * 1024.0);
+  c.max_model_len = max_model_len;
+  c.max_num_batched_tokens = max_num_batched_tokens;
+  c.max_num_seqs = max_num_seqs;
+  c.enable_prefix_caching = !no_prefix_caching;
+  return c;
 }
 
 }  // namespace moat::cli

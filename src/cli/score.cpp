@@ -36,10 +36,9 @@ int run_score(const ScoreArgs& a) {
       fmt::print(stderr, "error: token id {} outside the vocabulary of {}\n", id, V);
       return 2;
     }
-  auto cache = m.new_cache(T);
-  const ForwardBatch batch = ForwardBatch::for_sequence(a.tokens, 0, cache.get());
+  auto cache = m.new_sequence_cache(T);
   std::vector<float> logits(static_cast<size_t>(V));
-  m.forward(batch, logits.data());
+  m.forward(cache, a.tokens, 0, logits.data());
 
   std::vector<int32_t> order(static_cast<size_t>(V));
   std::iota(order.begin(), order.end(), 0);

@@ -24,7 +24,7 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::filesystem
   MOAT_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(dir, options.weights));
   model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
   MOAT_TRY(validate_checkpoint(*model->checkpoint_, model->config_));
-  MOAT_ASSIGN_OR_RETURN(ops::ModelOpNeeds needs, model_op_needs(model->config_, 1));
+  MOAT_ASSIGN_OR_RETURN(ops::ModelOpNeeds needs, model_op_needs(model->config_, 1, options.kv_dtype));
   MOAT_ASSIGN_OR_RETURN(model->ops_, ops::OpTable::resolve(options.backend, needs));
   if (options.max_context <= 0) return make_error("max context must be > 0, got {}", options.max_context);
   ops::set_exact_activations(options.exact_activations);
@@ -181,19 +181,32 @@ void DeepseekModel::reserve(int64_t T) {
   grow(logits_in_, T * H);
   topk_ids_.resize(static_cast<size_t>(T * std::max<int64_t>(1, c.num_experts_per_tok)));
   topk_weights_.resize(topk_ids_.size());
-  kv_ptrs_.resize(static_cast<size_t>(T));
+  grow(latent_rows_, T * D);
   kv_lens_.resize(static_cast<size_t>(T));
   reserved_tokens_ = T;
 }
 
-void DeepseekModel::forward(const ForwardBatch& batch, float* logits, const LayerHook& on_layer_output) {
+void DeepseekModel::forward(const ForwardBatch& batch, PagedLatentCache& cache, float* logits,
+                            const LayerHook& on_layer_output) {
   const ModelConfig& c = config_;
-  const int64_t T = static_cast<int64_t>(batch.tokens.size());
-  MOAT_CHECK(batch.positions.size() == batch.tokens.size() && batch.caches.size() == batch.tokens.size(),
+  const int64_t T = batch.num_tokens();
+  MOAT_CHECK(batch.positions.size() == batch.tokens.size() && batch.slot_mapping.size() == batch.tokens.size() &&
+                 batch.token_seq.size() == batch.tokens.size(),
              "batch arrays disagree in length");
-  for (int32_t pos : batch.positions)
-    MOAT_CHECK(pos >= 0 && pos < options_.max_context, "position {} outside max context {}", pos,
-               options_.max_context);
+  MOAT_CHECK(batch.block_size == cache.block_size(), "batch block size {} but the cache's is {}", batch.block_size,
+             cache.block_size());
+  MOAT_CHECK(cache.shape().num_layers == c.num_hidden_layers && cache.shape().dim == c.kv_cache_dim(),
+             "cache shaped for {} layers x {} values, model has {} x {}", cache.shape().num_layers,
+             cache.shape().dim, c.num_hidden_layers, c.kv_cache_dim());
+  MOAT_CHECK(cache.shape().dtype == options_.kv_dtype, "cache dtype {} but ops resolved for {}",
+             dtype_name(cache.shape().dtype), dtype_name(options_.kv_dtype));
+  const int64_t slots = static_cast<int64_t>(cache.num_blocks()) * cache.block_size();
+  for (int64_t t = 0; t < T; ++t) {
+    MOAT_CHECK(batch.positions[t] >= 0 && batch.positions[t] < options_.max_context,
+               "position {} outside max context {}", batch.positions[t], options_.max_context);
+    MOAT_CHECK(batch.slot_mapping[t] >= 0 && batch.slot_mapping[t] < slots, "slot {} outside the cache's {}",
+               batch.slot_mapping[t], slots);
+  }
   reserve(T);
   const int64_t H = c.hidden_size;
   float* x = x_.data();  // residual stream [T, hidden]
@@ -203,7 +216,7 @@ void DeepseekModel::forward(const ForwardBatch& batch, float* logits, const Laye
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& L = layers_[i];
     ops_.rms_norm(x, L.input_layernorm.data(), T, H, static_cast<float>(c.rms_norm_eps), h);
-    attention(L, i, batch, h, tmp_.data());
+    attention(L, i, batch, cache, h, tmp_.data());
     ops_.add_scaled(x, tmp_.data(), 1.0f, T * H);
     ops_.rms_norm(x, L.post_attention_layernorm.data(), T, H, static_cast<float>(c.rms_norm_eps), h);
     if (L.moe) {
@@ -227,7 +240,7 @@ void DeepseekModel::forward(const ForwardBatch& batch, float* logits, const Laye
 }
 
 void DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, const ForwardBatch& batch,
-                              const float* x, float* out) {
+                              PagedLatentCache& cache, const float* x, float* out) {
   const ModelConfig& c = config_;
   const MlaWeights& A = layer.attn;
   const int64_t T = static_cast<int64_t>(batch.tokens.size());
@@ -250,13 +263,15 @@ void DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, co
   ops_.matmul(x, T, A.kv_a_proj_with_mqa, kv);
   ops_.rope({kv + kv_lora, T, 1, D, D, rope, batch.positions.data(), rope_.cos.data(), rope_.sin.data()});
   ops_.rope({q + nope, T, heads, heads * qk, qk, rope, batch.positions.data(), rope_.cos.data(), rope_.sin.data()});
+  // latent rows [T, D]: normed latent, then the roped k_pe, written into the cache by slot
+  float* rows = latent_rows_.data();
   for (int64_t t = 0; t < T; ++t) {
-    float* row = batch.caches[t]->row(layer_index, batch.positions[t]);
-    ops_.rms_norm(kv + t * D, A.kv_a_layernorm.data(), 1, kv_lora, eps, row);
-    std::memcpy(row + kv_lora, kv + t * D + kv_lora, sizeof(float) * rope);
-    kv_ptrs_[t] = batch.caches[t]->layer(layer_index);
+    ops_.rms_norm(kv + t * D, A.kv_a_layernorm.data(), 1, kv_lora, eps, rows + t * D);
+    std::memcpy(rows + t * D + kv_lora, kv + t * D + kv_lora, sizeof(float) * rope);
     kv_lens_[t] = batch.positions[t] + 1;
   }
+  const ops::LatentPages pages = cache.layer(layer_index);
+  ops_.store_latent({rows, T, D, batch.slot_mapping.data(), pages});
 
   // Absorb W_UK: q_full[t, h] = [q_nope[t, h] . W_UK_h (kv_lora) | q_pe[t, h] (rope)].
   // Heads run in parallel (each head's small matmul then runs on one thread), which costs one
@@ -279,8 +294,8 @@ void DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, co
     }
   });
 
-  ops::MlaAttentionArgs args{q_full, T, heads, kv_lora, rope, kv_ptrs_.data(), kv_lens_.data(),
-                             softmax_scale_, attn_latent_.data()};
+  ops::MlaAttentionArgs args{q_full, T, heads, kv_lora, rope, pages, batch.block_tables.data(), batch.max_blocks,
+                             batch.token_seq.data(), kv_lens_.data(), softmax_scale_, attn_latent_.data()};
   ops_.mla_attention(args);  // [T, heads, kv_lora]
 
   // Expand through W_UV per head: attn_v[t, h] = latent[t, h] . W_UV_h^T (v values)

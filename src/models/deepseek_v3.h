@@ -14,6 +14,7 @@
 #include "base/weight.h"
 #include "config/model_config.h"
 #include "kv/latent_cache.h"
+#include "models/forward_batch.h"
 #include "loader/checkpoint.h"
 #include "models/rope.h"
 #include "ops/dispatch.h"
@@ -60,30 +61,6 @@ struct LayerWeights {
   std::optional<MoeWeights> moe;
 };
 
-// One step's tokens, from any number of sequences (prefill chunks and decode tokens mixed).
-struct ForwardBatch {
-  std::vector<int32_t> tokens;        // [T]
-  std::vector<int32_t> positions;     // [T]
-  std::vector<LatentCache*> caches;   // [T] the cache of the sequence each token belongs to
-  std::vector<int32_t> logit_rows;    // which of the T tokens need logits (e.g. each sequence's last)
-
-  enum class Logits { last, all };
-  // One sequence's tokens at positions first_position.. (a prefill chunk, or one decode token).
-  static ForwardBatch for_sequence(const std::vector<int32_t>& tokens, int32_t first_position, LatentCache* cache,
-                                   Logits logits = Logits::last) {
-    ForwardBatch b;
-    b.tokens = tokens;
-    const int32_t n = static_cast<int32_t>(tokens.size());
-    for (int32_t t = 0; t < n; ++t) {
-      b.positions.push_back(first_position + t);
-      b.caches.push_back(cache);
-      if (logits == Logits::all) b.logit_rows.push_back(t);
-    }
-    if (logits == Logits::last && n > 0) b.logit_rows.push_back(n - 1);
-    return b;
-  }
-};
-
 class DeepseekModel {
  public:
   struct Options {
@@ -91,6 +68,7 @@ class DeepseekModel {
     int64_t max_context = 4096;  // RoPE table length; prompts + outputs must fit
     bool exact_activations = false;  // fp32-accurate activations in every matmul (ops::set_exact_activations)
     WeightPlacement weights = WeightPlacement::mmap;  // see loader/safetensors.h
+    DType kv_dtype = DType::BF16;  // the paged latent cache's element type (the op table is resolved for it)
   };
 
   static Result<std::unique_ptr<DeepseekModel>> load(const std::filesystem::path& dir, const Options& options);
@@ -107,20 +85,33 @@ class DeepseekModel {
   ActiveWeights active_weights_per_token() const;
   const Checkpoint& checkpoint() const { return *checkpoint_; }
 
-  std::unique_ptr<LatentCache> new_cache(int64_t capacity) const {
-    return std::make_unique<LatentCache>(config_.num_hidden_layers, capacity, config_.kv_cache_dim());
+  LatentCacheShape cache_shape() const {
+    return {config_.num_hidden_layers, config_.kv_cache_dim(), options_.kv_dtype};
+  }
+  // A cache for one sequence of up to `capacity` tokens (score, tests, benchmarks).
+  SequenceCache new_sequence_cache(int64_t capacity, int32_t block_size = 64) const {
+    return SequenceCache(cache_shape(), capacity, block_size);
   }
 
-  // logits: [batch.logit_rows.size(), vocab]. on_layer_output, when set, sees the residual stream
-  // [T, hidden] after each decoder layer (golden tests compare it with the reference).
+  // Runs one step: writes the batch's latent rows into `cache` (slot_mapping) and attends over
+  // each sequence's blocks. logits: [batch.logit_rows.size(), vocab]. on_layer_output, when set,
+  // sees the residual stream [T, hidden] after each decoder layer (golden tests compare it with
+  // the reference).
   using LayerHook = std::function<void(int64_t layer, const float* hidden, int64_t T)>;
-  void forward(const ForwardBatch& batch, float* logits, const LayerHook& on_layer_output = nullptr);
+  void forward(const ForwardBatch& batch, PagedLatentCache& cache, float* logits,
+               const LayerHook& on_layer_output = nullptr);
+  // One sequence's tokens at positions first_position.. over a SequenceCache.
+  void forward(SequenceCache& cache, std::span<const int32_t> tokens, int32_t first_position, float* logits,
+               ForwardBatch::Logits which = ForwardBatch::Logits::last, const LayerHook& on_layer_output = nullptr) {
+    forward(ForwardBatch::for_sequence(tokens, first_position, cache.blocks, cache.pages.block_size(), which),
+            cache.pages, logits, on_layer_output);
+  }
 
  private:
   DeepseekModel() = default;
   Status load_weights();
   void attention(const LayerWeights& layer, int64_t layer_index, const ForwardBatch& batch,
-                 const float* x, float* out);
+                 PagedLatentCache& cache, const float* x, float* out);
   // gate/up: scratch [T, intermediate] each.
   void mlp(const MlpWeights& w, const float* x, int64_t T, float* out, float* gate, float* up);
   void moe(const MoeWeights& w, const float* x, int64_t T, float* out);
@@ -148,8 +139,8 @@ class DeepseekModel {
   Buffer logits_in_;
   std::vector<int32_t> topk_ids_;
   std::vector<float> topk_weights_;
-  std::vector<const float*> kv_ptrs_;
-  std::vector<int32_t> kv_lens_;
+  Buffer latent_rows_;             // [T, D] normed latent + roped k_pe, before store_latent
+  std::vector<int32_t> kv_lens_;  // [T] rows each token attends to (its position + 1)
 };
 
 }  // namespace moat

@@ -2,7 +2,7 @@
 
 namespace moat {
 
-Result<ops::ModelOpNeeds> model_op_needs(const ModelConfig& config, int64_t tp) {
+Result<ops::ModelOpNeeds> model_op_needs(const ModelConfig& config, int64_t tp, DType kv_dtype) {
   if (tp <= 0) return make_error("tensor-parallel degree must be >= 1, got {}", tp);
   if (config.num_attention_heads % tp != 0)
     return make_error("tensor-parallel degree {} does not divide num_attention_heads {}", tp,
@@ -19,6 +19,7 @@ Result<ops::ModelOpNeeds> model_op_needs(const ModelConfig& config, int64_t tp) 
   needs.embedding_dtype = dense;
   needs.heads_per_rank = config.num_attention_heads / tp;
   needs.attention_head_dim = config.kv_cache_dim();
+  needs.kv_dtype = kv_dtype;
   needs.num_experts = config.n_routed_experts;
   needs.top_k = config.num_experts_per_tok;
   return needs;

@@ -9,6 +9,7 @@ namespace moat {
 
 // Under plain TP each rank holds num_attention_heads / tp heads; the MLA latent (kv_lora + rope
 // values per token) is replicated on every rank. Errors when tp does not divide the heads.
-Result<ops::ModelOpNeeds> model_op_needs(const ModelConfig& config, int64_t tp = 1);
+// kv_dtype: the element type of the paged latent cache (--kv-dtype).
+Result<ops::ModelOpNeeds> model_op_needs(const ModelConfig& config, int64_t tp = 1, DType kv_dtype = DType::BF16);
 
 }  // namespace moat

@@ -1,0 +1,103 @@
+// The engine core: step() = schedule -> run the model on the batch -> sample -> update requests
+// -> emit outputs. One thread owns it (the model, the paged cache and the scheduler);
+// `moat generate` drives it directly, and a server puts a thread-safe queue in front of it.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kv/latent_cache.h"
+#include "models/deepseek_v3.h"
+#include "sample/sampler.h"
+#include "sched/scheduler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace moat {
+
+struct EngineConfig {
+  int32_t block_size = 64;               // tokens per KV block
+  int64_t kv_memory_bytes = 0;           // latent cache size; 0: room for max_num_seqs full contexts,
+                                         // at most half the memory available when the engine starts
+  int64_t max_model_len = 0;             // prompt + output per request; 0: the model's max context
+  int64_t max_num_batched_tokens = 512;  // token budget per step (prompt chunks + decode tokens)
+  int32_t max_num_seqs = 64;             // running requests at once
+  bool enable_prefix_caching = true;
+};
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  StopConditions stop;
+};
+
+// What one step produced for one request.
+struct RequestOutput {
+  uint64_t id = 0;
+  std::vector<int32_t> new_tokens;  // sampled this step (a stop token included)
+  std::vector<SampledToken> logprobs;  // one per new token when the request asked for logprobs
+  std::string text;                 // newly final text (needs a tokenizer); stop strings held back
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::none;
+  std::string stop_string;          // the stop string that ended it, if one did
+  int64_t prompt_tokens = 0, output_tokens = 0, cached_tokens = 0;
+};
+
+struct EngineStats {
+  int64_t steps = 0;
+  int64_t prompt_tokens_computed = 0;  // prompt rows the model computed (prefix hits and their blocks excluded;
+                                       // a preempted request's prompt counts again when recomputed)
+  int64_t generated_tokens = 0;
+};
+
+class Engine {
+ public:
+  // tokenizer: optional; without it outputs carry tokens only and stop strings are refused.
+  static Result<std::unique_ptr<Engine>> create(DeepseekModel& model, const EngineConfig& config,
+                                                const Tokenizer* tokenizer = nullptr);
+
+  // Validates and queues a request; returns its id. Errors name the parameter at fault.
+  Result<uint64_t> add_request(GenerateRequest request);
+  // Finishes a request at once (reason abort) and frees its blocks; unknown ids are ignored.
+  void abort(uint64_t id);
+  bool has_work() const { return scheduler_->has_work() || !pending_finished_.empty(); }
+  std::vector<RequestOutput> step();
+
+  const Scheduler& scheduler() const { return *scheduler_; }
+  const EngineStats& stats() const { return stats_; }
+  const PagedLatentCache& cache() const { return *cache_; }
+  const EngineConfig& config() const { return config_; }
+  DeepseekModel& model() { return model_; }
+
+ private:
+  Engine(DeepseekModel& model, const EngineConfig& config, const Tokenizer* tokenizer);
+  struct TextState {
+    std::optional<IncrementalDetokenizer> detok;
+    std::string held;  // decoded text not yet emitted: it may be the start of a stop string
+  };
+  // Appends the text of `tokens` to out.text, holding back what may start a stop string; ends the
+  // request when one matches.
+  void emit_text(Request& r, TextState& state, std::span<const int32_t> tokens, RequestOutput& out);
+  void fill_counts(const Request& r, RequestOutput& out) const;
+
+  DeepseekModel& model_;
+  EngineConfig config_;
+  const Tokenizer* tokenizer_;
+  std::unique_ptr<PagedLatentCache> cache_;
+  std::unique_ptr<Scheduler> scheduler_;
+  Sampler sampler_;
+  uint64_t next_id_ = 1;
+  std::unordered_map<uint64_t, TextState> text_;
+  std::vector<RequestOutput> pending_finished_;  // aborted between steps
+  std::vector<float> logits_;
+  std::vector<SampledToken> samples_;
+  EngineStats stats_;
+};
+
+// MemAvailable from /proc/meminfo, in bytes (0 when unknown).
+int64_t available_memory_bytes();
+
+}  // namespace moat

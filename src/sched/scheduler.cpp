@@ -1,0 +1,216 @@
+#include "sched/scheduler.h"
+
+#include <algorithm>
+
+#include "base/check.h"
+
+namespace moat {
+
+Scheduler::Scheduler(const SchedulerConfig& config)
+    : config_(config), pool_(config.num_blocks, config.block_size) {
+  MOAT_CHECK(config.max_num_batched_tokens > 0 && config.max_num_seqs > 0, "empty token budget or sequence limit");
+}
+
+Status Scheduler::add(std::unique_ptr<Request> request) {
+  Request& r = *request;
+  if (r.prompt.empty()) return make_error("request {}: the prompt is empty", r.id);
+  const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.stop.max_tokens;
+  if (total > config_.max_model_len)
+    return make_error("prompt ({} tokens) + max_tokens ({}) = {} exceeds the context of {} tokens", r.prompt.size(),
+                      r.stop.max_tokens, total, config_.max_model_len);
+  if (blocks_for(total) > pool_.num_blocks())
+    return make_error("prompt ({} tokens) + max_tokens ({}) needs {} KV blocks of {} tokens; the cache has {} in all",
+                      r.prompt.size(), r.stop.max_tokens, blocks_for(total), config_.block_size, pool_.num_blocks());
+  if (requests_.count(r.id)) return make_error("request id {} is already in use", r.id);
+  r.status = RequestStatus::waiting;
+  waiting_.push_back(&r);
+  requests_.emplace(r.id, std::move(request));
+  return ok_status();
+}
+
+Request* Scheduler::find(uint64_t id) {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? nullptr : it->second.get();
+}
+
+bool Scheduler::grow_blocks(Request& r, int64_t rows) {
+  while (static_cast<int64_t>(r.block_table.size()) < blocks_for(rows)) {
+    auto b = pool_.allocate();
+    if (!b) return false;
+    r.block_table.push_back(*b);
+  }
+  return true;
+}
+
+void Scheduler::release_blocks(Request& r) {
+  // Last blocks first: they join the free queue ahead of the prefix, so a later allocation
+  // evicts a request's tail before the shared prefix that other prompts are likelier to reuse.
+  for (auto it = r.block_table.rbegin(); it != r.block_table.rend(); ++it) pool_.release(*it);
+  r.block_table.clear();
+  r.block_hashes.clear();
+}
+
+void Scheduler::preempt(Request& r) {
+  release_blocks(r);
+  r.num_computed_tokens = 0;
+  r.status = RequestStatus::waiting;
+  ++r.num_preemptions;
+  ++num_preemptions_;
+  waiting_.push_front(&r);
+}
+
+void Scheduler::register_full_blocks(Request& r) {
+  if (!config_.enable_prefix_caching) return;
+  const int64_t B = config_.block_size;
+  std::vector<int32_t> tokens(static_cast<size_t>(B));
+  for (int64_t k = static_cast<int64_t>(r.block_hashes.size()); (k + 1) * B <= r.num_computed_tokens; ++k) {
+    for (int64_t i = 0; i < B; ++i) tokens[i] = r.token_at(k * B + i);
+    const uint64_t parent = k == 0 ? 0 : r.block_hashes[k - 1];
+    const uint64_t h = BlockPool::chain_hash(parent, tokens);
+    pool_.register_full(r.block_table[k], h, tokens);
+    r.block_hashes.push_back(h);
+  }
+}
+
+// Takes every full block of the request's tokens that the prefix cache holds, up to one token
+// short of the whole sequence (the last token must be computed to get logits).
+void Scheduler::admit_prefix(Request& r) {
+  r.num_cached_tokens = 0;
+  if (!config_.enable_prefix_caching || r.num_computed_tokens > 0) return;
+  const int64_t B = config_.block_size;
+  const int64_t max_blocks = (r.length() - 1) / B;
+  std::vector<int32_t> tokens(static_cast<size_t>(B));
+  for (int64_t k = 0; k < max_blocks; ++k) {
+    for (int64_t i = 0; i < B; ++i) tokens[i] = r.token_at(k * B + i);
+    const uint64_t parent = k == 0 ? 0 : r.block_hashes[k - 1];
+    const uint64_t h = BlockPool::chain_hash(parent, tokens);
+    auto b = pool_.acquire_cached(h, tokens);
+    if (!b) break;
+    r.block_table.push_back(*b);
+    r.block_hashes.push_back(h);
+  }
+  r.num_computed_tokens = static_cast<int64_t>(r.block_table.size()) * B;
+  r.num_cached_tokens = std::min<int64_t>(r.num_computed_tokens, static_cast<int64_t>(r.prompt.size()));
+}
+
+SchedulerOutput Scheduler::schedule() {
+  SchedulerOutput out;
+  int64_t budget = config_.max_num_batched_tokens;
+
+  // 1. Running requests, oldest first; preempt from the newest when blocks run out.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Request& r = *running_[i];
+    const int64_t n = std::min(r.length() - r.num_computed_tokens, budget);
+    MOAT_CHECK(n > 0, "running request {} has nothing to compute", r.id);
+    bool fits = grow_blocks(r, r.num_computed_tokens + n);
+    while (!fits && running_.back() != &r) {
+      Request* victim = running_.back();
+      running_.pop_back();
+      preempt(*victim);
+      out.preempted.push_back(victim->id);
+      fits = grow_blocks(r, r.num_computed_tokens + n);
+    }
+    if (!fits) {  // r is the newest running request and still cannot grow: it waits too
+      running_.pop_back();
+      preempt(r);
+      out.preempted.push_back(r.id);
+      break;
+    }
+    out.chunks.push_back({&r, r.num_computed_tokens, n, r.num_computed_tokens + n == r.length()});
+    budget -= n;
+    ++i;
+  }
+
+  // 2. Waiting requests, oldest first (preempted ones are at the front), while there is room.
+  while (!waiting_.empty() && budget > 0 && static_cast<int32_t>(running_.size()) < config_.max_num_seqs &&
+         out.preempted.empty()) {
+    Request& r = *waiting_.front();
+    admit_prefix(r);
+    const int64_t n = std::min(r.length() - r.num_computed_tokens, budget);
+    if (!grow_blocks(r, r.num_computed_tokens + n)) {
+      release_blocks(r);  // prefix blocks go back; they stay cached
+      r.num_computed_tokens = 0;
+      r.num_cached_tokens = 0;
+      break;
+    }
+    waiting_.pop_front();
+    r.status = RequestStatus::running;
+    running_.push_back(&r);
+    out.chunks.push_back({&r, r.num_computed_tokens, n, r.num_computed_tokens + n == r.length()});
+    budget -= n;
+  }
+  out.num_scheduled_tokens = config_.max_num_batched_tokens - budget;
+  return out;
+}
+
+void Scheduler::finish_request(Request& r, FinishReason reason) {
+  if (r.finished()) return;
+  release_blocks(r);
+  r.status = RequestStatus::finished;
+  r.finish = reason;
+  running_.erase(std::remove(running_.begin(), running_.end(), &r), running_.end());
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), &r), waiting_.end());
+  finished_.push_back(r.id);
+}
+
+void Scheduler::finish(uint64_t id, FinishReason reason) {
+  if (Request* r = find(id)) finish_request(*r, reason);
+}
+
+void Scheduler::update(const SchedulerOutput& out, std::span<const int32_t> sampled) {
+  size_t next = 0;
+  for (const ScheduledChunk& c : out.chunks) {
+    Request& r = *c.request;
+    const bool samples = c.samples();
+    if (r.finished()) {                // aborted while the step ran
+      if (samples) ++next;
+      continue;
+    }
+    r.num_computed_tokens = c.first + c.num_tokens;
+    register_full_blocks(r);
+    if (!samples) continue;
+    MOAT_CHECK(next < sampled.size(), "{} sampled tokens for more sampling chunks", sampled.size());
+    const int32_t token = sampled[next++];
+    r.output.push_back(token);
+    const int64_t generated = static_cast<int64_t>(r.output.size());
+    const auto is = [token](const std::vector<int32_t>& ids) {
+      return std::find(ids.begin(), ids.end(), token) != ids.end();
+    };
+    if (generated > r.stop.min_tokens && (is(r.stop.stop_token_ids) || (!r.stop.ignore_eos && is(r.stop.eos_token_ids))))
+      finish_request(r, FinishReason::stop);
+    else if (generated >= r.stop.max_tokens || r.length() >= config_.max_model_len)
+      finish_request(r, FinishReason::length);
+  }
+  MOAT_CHECK(next == sampled.size(), "{} sampled tokens for {} sampling chunks", sampled.size(), next);
+}
+
+std::vector<std::unique_ptr<Request>> Scheduler::take_finished() {
+  std::vector<std::unique_ptr<Request>> done;
+  for (uint64_t id : finished_) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    done.push_back(std::move(it->second));
+    requests_.erase(it);
+  }
+  finished_.clear();
+  return done;
+}
+
+void Scheduler::check_invariants() const {
+  pool_.check_invariants();
+  std::vector<int32_t> held(static_cast<size_t>(pool_.num_blocks()), 0);
+  for (const auto& [id, r] : requests_) {
+    if (r->finished()) {
+      MOAT_CHECK(r->block_table.empty(), "finished request {} holds blocks", id);
+      continue;
+    }
+    for (int32_t b : r->block_table) ++held[b];
+    MOAT_CHECK(r->num_computed_tokens <= static_cast<int64_t>(r->block_table.size()) * config_.block_size,
+               "request {} computed {} tokens beyond its {} blocks", id, r->num_computed_tokens, r->block_table.size());
+  }
+  for (int32_t b = 0; b < pool_.num_blocks(); ++b)
+    MOAT_CHECK(held[b] == pool_.refcount(b), "block {}: refcount {} but {} block tables hold it", b,
+               pool_.refcount(b), held[b]);
+}
+
+}  // namespace moat

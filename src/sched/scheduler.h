@@ -1,0 +1,100 @@
+// The scheduler: which requests run in the next step, and how many of their tokens.
+//
+// Plain data in, plain data out (vLLM v1's design): schedule() returns a SchedulerOutput, the
+// model runs it, and update() takes the sampled tokens back. There is no prefill phase and no
+// decode phase. Each step spends a token budget:
+//   1. running requests first, in arrival order: one token for those decoding, the next chunk of
+//      the prompt for those still prefilling (chunked prefill: a long prompt takes several steps
+//      and never stalls the streams that are decoding);
+//   2. then waiting requests, oldest first, while the budget, max_num_seqs and free blocks allow;
+//      on admission the prefix cache supplies every full block of the prompt it already holds.
+// When a running request needs a block and none is free, the most recently admitted running
+// request is preempted: its blocks are released (full ones stay in the prefix cache) and it goes
+// back to the front of the waiting queue to be recomputed later, prompt and output together.
+// Nothing is ever lost: a request that cannot fit the whole pool is refused when it is added.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "base/status.h"
+#include "kv/block_pool.h"
+#include "sched/request.h"
+
+namespace moat {
+
+struct SchedulerConfig {
+  int32_t num_blocks = 0;
+  int32_t block_size = 64;
+  int64_t max_num_batched_tokens = 512;  // token budget per step
+  int32_t max_num_seqs = 64;             // running requests at once
+  int64_t max_model_len = 4096;          // prompt + output per request
+  bool enable_prefix_caching = true;
+};
+
+struct ScheduledChunk {
+  Request* request;
+  int64_t first;       // index of the first token computed (== its position)
+  int64_t num_tokens;
+  bool sample;         // the chunk ends the request's known tokens: its last logits pick the next token
+  bool samples() const { return sample; }
+};
+
+struct SchedulerOutput {
+  std::vector<ScheduledChunk> chunks;  // running requests first, then newly admitted ones
+  std::vector<uint64_t> preempted;     // requests sent back to waiting during this schedule
+  int64_t num_scheduled_tokens = 0;
+  bool empty() const { return chunks.empty(); }
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(const SchedulerConfig& config);
+
+  const SchedulerConfig& config() const { return config_; }
+  // Checks that the request can ever run (context, pool size); queues it.
+  Status add(std::unique_ptr<Request> request);
+  Request* find(uint64_t id);
+  const Request* find(uint64_t id) const { return const_cast<Scheduler*>(this)->find(id); }
+  // Finishes a request at once with `reason` and releases its blocks (abort, stop strings).
+  void finish(uint64_t id, FinishReason reason);
+  // Takes finished requests out; their ids are never scheduled again.
+  std::vector<std::unique_ptr<Request>> take_finished();
+
+  SchedulerOutput schedule();
+  // After the model ran `out`: advances computed tokens, registers newly full blocks in the
+  // prefix cache, appends sampled[i] to the request of the i-th chunk that samples, and finishes
+  // requests that hit a stop token or their length limit.
+  void update(const SchedulerOutput& out, std::span<const int32_t> sampled);
+
+  bool has_work() const { return !waiting_.empty() || !running_.empty(); }
+  int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  const BlockPool& block_pool() const { return pool_; }
+  int64_t num_preemptions() const { return num_preemptions_; }
+  // Blocks a request of `tokens` tokens needs.
+  int64_t blocks_for(int64_t tokens) const { return (tokens + config_.block_size - 1) / config_.block_size; }
+  // Refcounts equal the block tables that hold each block; the pool's own invariants.
+  void check_invariants() const;
+
+ private:
+  bool grow_blocks(Request& r, int64_t rows);
+  void release_blocks(Request& r);
+  void preempt(Request& r);
+  void admit_prefix(Request& r);
+  void register_full_blocks(Request& r);
+  void finish_request(Request& r, FinishReason reason);
+
+  SchedulerConfig config_;
+  BlockPool pool_;
+  std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
+  std::deque<Request*> waiting_;
+  std::vector<Request*> running_;   // admission order
+  std::vector<uint64_t> finished_;
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace moat
