@@ -68,7 +68,7 @@ Result<std::unique_ptr<Engine>> Engine::create(DeepseekModel& model, const Engin
   return e;
 }
 
-Result<uint64_t> Engine::add_request(GenerateRequest request) {
+Status Engine::validate(const GenerateRequest& request) const {
   const int64_t V = model_.config().vocab_size;
   MOAT_TRY(request.sampling.validate(V));
   if (request.prompt.empty()) return make_error("the prompt is empty: at least one token is needed");
@@ -84,18 +84,24 @@ Result<uint64_t> Engine::add_request(GenerateRequest request) {
     if (s.empty()) return make_error("stop: empty stop strings are not allowed");
   if (!request.stop.stop_strings.empty() && !tokenizer_)
     return make_error("stop strings need a tokenizer, and this engine has none");
+  return scheduler_->check_fits(static_cast<int64_t>(request.prompt.size()), request.stop.max_tokens);
+}
 
+Result<uint64_t> Engine::add_request(GenerateRequest request, std::optional<uint64_t> id) {
+  MOAT_TRY(validate(request));
+  const uint64_t rid = id.value_or(next_id_);
+  next_id_ = std::max(next_id_, rid + 1);
   auto r = std::make_unique<Request>();
-  r->id = next_id_;
+  r->id = rid;
   r->prompt = std::move(request.prompt);
   r->sampling = request.sampling;
   r->stop = std::move(request.stop);
   // Unseeded requests get a seed of their own, so they differ from each other (OpenAI semantics).
   r->rng.seed(r->sampling.seed ? *r->sampling.seed : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}());
   MOAT_TRY(scheduler_->add(std::move(r)));
-  TextState& t = text_[next_id_];
+  TextState& t = text_[rid];
   if (tokenizer_) t.detok.emplace(*tokenizer_);
-  return next_id_++;
+  return rid;
 }
 
 void Engine::fill_counts(const Request& r, RequestOutput& out) const {

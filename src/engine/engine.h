@@ -59,8 +59,12 @@ class Engine {
   static Result<std::unique_ptr<Engine>> create(DeepseekModel& model, const EngineConfig& config,
                                                 const Tokenizer* tokenizer = nullptr);
 
-  // Validates and queues a request; returns its id. Errors name the parameter at fault.
-  Result<uint64_t> add_request(GenerateRequest request);
+  // Whether the request can run on this engine (parameters, vocabulary, context, cache size).
+  // Reads only what never changes after create(), so any thread may call it.
+  Status validate(const GenerateRequest& request) const;
+  // Validates and queues a request; returns its id (`id` when given, else the next free one).
+  // Errors name the parameter at fault.
+  Result<uint64_t> add_request(GenerateRequest request, std::optional<uint64_t> id = std::nullopt);
   // Finishes a request at once (reason abort) and frees its blocks; unknown ids are ignored.
   void abort(uint64_t id);
   bool has_work() const { return scheduler_->has_work() || !pending_finished_.empty(); }

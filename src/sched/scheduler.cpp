@@ -11,16 +11,21 @@ Scheduler::Scheduler(const SchedulerConfig& config)
   MOAT_CHECK(config.max_num_batched_tokens > 0 && config.max_num_seqs > 0, "empty token budget or sequence limit");
 }
 
+Status Scheduler::check_fits(int64_t prompt_tokens, int64_t max_tokens) const {
+  const int64_t total = prompt_tokens + max_tokens;
+  if (total > config_.max_model_len)
+    return make_error("prompt ({} tokens) + max_tokens ({}) = {} exceeds the context of {} tokens", prompt_tokens,
+                      max_tokens, total, config_.max_model_len);
+  if (blocks_for(total) > pool_.num_blocks())
+    return make_error("prompt ({} tokens) + max_tokens ({}) needs {} KV blocks of {} tokens; the cache has {} in all",
+                      prompt_tokens, max_tokens, blocks_for(total), config_.block_size, pool_.num_blocks());
+  return ok_status();
+}
+
 Status Scheduler::add(std::unique_ptr<Request> request) {
   Request& r = *request;
   if (r.prompt.empty()) return make_error("request {}: the prompt is empty", r.id);
-  const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.stop.max_tokens;
-  if (total > config_.max_model_len)
-    return make_error("prompt ({} tokens) + max_tokens ({}) = {} exceeds the context of {} tokens", r.prompt.size(),
-                      r.stop.max_tokens, total, config_.max_model_len);
-  if (blocks_for(total) > pool_.num_blocks())
-    return make_error("prompt ({} tokens) + max_tokens ({}) needs {} KV blocks of {} tokens; the cache has {} in all",
-                      r.prompt.size(), r.stop.max_tokens, blocks_for(total), config_.block_size, pool_.num_blocks());
+  MOAT_TRY(check_fits(static_cast<int64_t>(r.prompt.size()), r.stop.max_tokens));
   if (requests_.count(r.id)) return make_error("request id {} is already in use", r.id);
   r.status = RequestStatus::waiting;
   waiting_.push_back(&r);

@@ -55,6 +55,8 @@ class Scheduler {
   explicit Scheduler(const SchedulerConfig& config);
 
   const SchedulerConfig& config() const { return config_; }
+  // Whether a request of this size can ever run (context, pool size); const, so any thread may ask.
+  Status check_fits(int64_t prompt_tokens, int64_t max_tokens) const;
   // Checks that the request can ever run (context, pool size); queues it.
   Status add(std::unique_ptr<Request> request);
   Request* find(uint64_t id);
