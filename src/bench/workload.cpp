@@ -43,17 +43,26 @@ std::vector<LengthPair> sample_lengths(int n, int64_t input_len, int64_t output_
   return lengths;
 }
 
+int64_t words_for_tokens(int64_t tokens, double tokens_per_word) {
+  if (!(tokens_per_word > 0)) return std::max<int64_t>(1, tokens);
+  return std::max<int64_t>(1, std::llround(static_cast<double>(tokens) / tokens_per_word));
+}
+
 std::vector<BenchRequest> approximate_prompts(const std::vector<LengthPair>& lengths,
-                                              uint64_t seed) {
+                                              uint64_t seed, double tokens_per_word) {
   std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
   std::uniform_int_distribution<size_t> pick(0, kNumWords - 1);
   std::vector<BenchRequest> out;
   out.reserve(lengths.size());
   for (const LengthPair& l : lengths) {
     BenchRequest r;
-    r.input_tokens = l.input;
+    const int64_t words = words_for_tokens(l.input, tokens_per_word);
+    // What the server's tokenizer makes of them, as calibrated; its usage replaces this.
+    r.input_tokens = tokens_per_word > 0
+                         ? std::llround(static_cast<double>(words) * tokens_per_word)
+                         : l.input;
     r.output_tokens = l.output;
-    for (int64_t i = 0; i < l.input; ++i) {
+    for (int64_t i = 0; i < words; ++i) {
       if (i) r.prompt += ' ';
       r.prompt += kWords[pick(rng)];
     }
@@ -127,7 +136,7 @@ Result<std::vector<BenchRequest>> build_workload(const WorkloadSpec& spec, int n
     return make_error("--range-ratio must be in [0, 1], got {}", spec.range_ratio);
   auto lengths = sample_lengths(n, spec.input_len, spec.output_len, spec.range_ratio, seed);
   if (!spec.tokenizer_dir.empty()) return tokenizer_prompts(spec.tokenizer_dir, lengths, seed);
-  return approximate_prompts(lengths, seed);
+  return approximate_prompts(lengths, seed, spec.tokens_per_word);
 }
 
 }  // namespace moat::bench

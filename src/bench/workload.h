@@ -7,6 +7,8 @@
 // re-encoded until the count is exact; without one, prompts are random common English words that
 // each encode to one token (with their leading space) in GPT/Llama-style BPE vocabularies, so the
 // count is approximate: typically within a few percent, plus the server's BOS or chat template.
+// Other vocabularies split them into more tokens; `moat bench` then measures the server's tokens
+// per word (bench/calibrate.h) and builds prompts of len / tokens_per_word words.
 #pragma once
 
 #include <cstdint>
@@ -32,8 +34,13 @@ struct LengthPair {
 std::vector<LengthPair> sample_lengths(int n, int64_t input_len, int64_t output_len,
                                        double range_ratio, uint64_t seed);
 
-// Random prompts without a tokenizer (approximate token counts; see the header comment).
-std::vector<BenchRequest> approximate_prompts(const std::vector<LengthPair>& lengths, uint64_t seed);
+// Random prompts without a tokenizer (approximate token counts; see the header comment): each
+// of len / tokens_per_word words (one word per token when tokens_per_word is 0).
+std::vector<BenchRequest> approximate_prompts(const std::vector<LengthPair>& lengths, uint64_t seed,
+                                              double tokens_per_word = 0);
+
+// Words for a prompt of `tokens` tokens at tokens_per_word (0: one each); at least one.
+int64_t words_for_tokens(int64_t tokens, double tokens_per_word);
 
 // Random prompts with the tokenizer in model_dir (exact token counts). Lives in
 // prompts_tokenizer.cpp, the only file that depends on the tokenizer module.
@@ -56,6 +63,7 @@ struct WorkloadSpec {
   double range_ratio = 1.0;
   std::string dataset_path;   // JSONL prompts instead of random ones
   std::string tokenizer_dir;  // exact token counts when set
+  double tokens_per_word = 0;  // without a tokenizer: measured on the server; 0 = one per word
 };
 
 // n requests from the spec: random prompts drawn from `seed`, or JSONL lines from `offset`.

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "base/log.h"
+#include "bench/calibrate.h"
 #include "bench/client.h"
 #include "bench/metrics.h"
 #include "bench/plot.h"
@@ -52,6 +53,7 @@ struct BenchFlags {
   double price = 0;
   double timeout_s = 3600;
   bool no_progress = false;
+  bool calibrate = true;
 };
 
 Result<std::vector<int>> parse_concurrency(const std::string& text) {
@@ -132,6 +134,24 @@ int run(const BenchFlags& f) {
   ctx.output_len = f.output_len;
   ctx.range_ratio = f.range_ratio;
   ctx.exact_input_tokens = !f.tokenizer.empty();
+
+  // Word prompts are one token per word only on GPT-2/Llama-style vocabularies; the server's own
+  // count sizes them for its tokenizer.
+  if (f.tokenizer.empty() && f.dataset.empty()) {
+    if (!f.calibrate) {
+      MOAT_LOG(info, "prompt lengths not calibrated (--no-calibrate): one common English word per "
+                     "token, which holds for GPT-2/Llama-style vocabularies only");
+    } else if (auto c = bench::calibrate_word_prompts(endpoint, f.seed); c.ok()) {
+      spec.tokens_per_word = c->tokens_per_word;
+      ctx.server_tokens_per_word = c->tokens_per_word;
+      MOAT_LOG(info, "{}", bench::describe(*c, f.input_len));
+    } else {
+      MOAT_LOG(warn, "prompt lengths not calibrated: {}; prompts have one common English word per "
+                     "token, which holds for GPT-2/Llama-style vocabularies only (--tokenizer makes "
+                     "them exact)",
+               c.error().message);
+    }
+  }
 
   std::signal(SIGINT, on_sigint);
   bench::CostInputs cost{f.gpus, f.price};
@@ -235,6 +255,9 @@ void setup(CLI::App& sub, int& exit_code) {
   sub.add_option("--price-per-gpu-hour", f->price, "USD per GPU-hour, for tok/s per dollar and $/Mtok");
   sub.add_option("--timeout", f->timeout_s, "Seconds to wait for data on a stream")->capture_default_str();
   sub.add_flag("--no-progress", f->no_progress, "No progress bar on stderr");
+  sub.add_flag("--calibrate,!--no-calibrate", f->calibrate,
+               "Without --tokenizer, size word prompts by the server's token count (POST /tokenize, "
+               "else usage.prompt_tokens of two one-token requests) (default on)");
   sub.callback([f, &exit_code] { exit_code = run(*f); });
 }
 
