@@ -10,7 +10,9 @@
 // prefetches.
 //
 // MOAT_NO_SPILL_BINARY=path checks another binary or object file instead (e.g. one built at
-// another -O level, or an old revision's matmul_avx512bf16.cpp.o to see this test fail).
+// another -O level, or an old revision's matmul_avx512bf16.cpp.o to see this test fail);
+// MOAT_NO_SPILL_MATCH=text checks the functions whose demangled names contain text instead
+// (e.g. "cpu_avx512::mla_span", to look at a kernel before adding it to the list below).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -191,6 +193,7 @@ TEST(NoSpill, HotKernelsKeepAccumulatorsInRegisters) {
                           {"moat::bench::dpbf16_loop", 1, 16},
                           {"moat::bench::fma_loop", 1, 16},
                           {"moat::bench::sum_", static_cast<int>(std::size(moat::bench::kReadPatterns))}};
+  if (const char* match = std::getenv("MOAT_NO_SPILL_MATCH")) hot = {{match, 1}};
   if (const char* other = std::getenv("MOAT_NO_SPILL_BINARY")) {
     for (Hot& h : hot) h.min_functions = 0;  // a lone object file holds only some of them
     check(other, hot);

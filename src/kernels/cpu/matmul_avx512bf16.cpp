@@ -181,7 +181,12 @@ inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 
 // acc[r][t] over K for NR weight rows (bf16, row stride ws) x NT tokens (xb rows, stride Kp);
 // writes y[t * N + r].
-// kSplit: x is hi + lo (xb and xb + lo_off), two dot products per weight vector.
+// kSplit: x is hi + lo (xb and xb + lo_off), two dot products per weight vector. Decode-sized
+// tiles (NT <= 2) sum the lo products in accumulators of their own: with one shared accumulator
+// per row the two products are dependent, 2 x ~6 cycles per 32 columns, which capped a 4-row T=1
+// tile near 80 GB/s per core, within 2x of one Zen 5 core's DRAM bandwidth; separate, the split
+// costs no latency. Wider tiles already have NR x NT >= 12 independent chains, and 2 x NR x NT
+// accumulators would not fit the registers there.
 // Every loop over r and t carries `#pragma GCC unroll`: only fully unrolled do acc[][] and wv[]
 // have constant indices, and only then does GCC keep them in zmm registers. -O3 unrolls them on
 // its own, -O2 does not (then every vdpbf16ps loads and stores its accumulator: 2.5-4.5x slower
@@ -189,11 +194,12 @@ inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 template <int NR, int NT, bool kSplit>
 void tile_bf16(const uint16_t* w, int64_t ws, const uint16_t* xb, int64_t lo_off, int64_t Kp, int64_t K, float* y,
                int64_t N, bool accumulate, const Prefetch& pf) {
-  __m512 acc[NR][NT];
+  constexpr bool kLoAcc = kSplit && NT <= 2;
+  __m512 acc[NR][NT], lo[NR][kLoAcc ? NT : 1];
 #pragma GCC unroll 4
   for (int r = 0; r < NR; ++r)
 #pragma GCC unroll 4
-    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+    for (int t = 0; t < NT; ++t) acc[r][t] = lo[r][kLoAcc ? t : 0] = _mm512_setzero_ps();
   // the dot products of one 32-column step against the NR weight vectors wv
   auto step = [&](const __m512i (&wv)[NR], int64_t k) __attribute__((always_inline)) {
 #pragma GCC unroll 4
@@ -204,7 +210,10 @@ void tile_bf16(const uint16_t* w, int64_t ws, const uint16_t* xb, int64_t lo_off
       if constexpr (kSplit) {
         const __m512i xl = _mm512_loadu_si512(xb + lo_off + t * Kp + k);
 #pragma GCC unroll 4
-        for (int r = 0; r < NR; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xl);
+        for (int r = 0; r < NR; ++r) {
+          __m512& a = kLoAcc ? lo[r][kLoAcc ? t : 0] : acc[r][t];
+          a = _mm512_dpbf16_ps(a, (__m512bh)wv[r], (__m512bh)xl);
+        }
       }
     }
   };
@@ -229,6 +238,12 @@ void tile_bf16(const uint16_t* w, int64_t ws, const uint16_t* xb, int64_t lo_off
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) wv[r] = _mm512_maskz_loadu_epi16(m, w + r * ws + k);
     step(wv, k);
+  }
+  if constexpr (kLoAcc) {
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 2
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_add_ps(acc[r][t], lo[r][t]);
   }
 #pragma GCC unroll 4
   for (int t = 0; t < NT; ++t) {
@@ -291,11 +306,15 @@ void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xp, int64_t lo_
   PrefetchStream p1(pf.l1, K), p2(pf.l2, K);
   for (int64_t kb = 0, block = 0; kb < K; kb += bi, ++block) {
     const int64_t kend = std::min(K, kb + bi);
-    __m512 acc[NR][NT];
+    // T=1: the b half of each 64-code step goes to accumulators of its own (accb), so a row's
+    // dot products form two chains instead of one chain of 2 (4 when split) dependent
+    // vdpbf16ps per step; two tokens have 2 x NR chains already and no registers to spare.
+    constexpr bool kTwoChains = NT == 1;
+    __m512 acc[NR][NT], accb[NR][NT];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r)
 #pragma GCC unroll 2
-      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+      for (int t = 0; t < NT; ++t) acc[r][t] = accb[r][t] = _mm512_setzero_ps();
     for (int64_t k = kb; k < kend; k += 64) {
       const __mmask64 m = tail_mask64(kend - k);
       prefetch_rows<NR>(rows, K, p1, p2);
@@ -315,11 +334,12 @@ void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xp, int64_t lo_
         fp8x64_to_bf16(rows + r * K + k, m, tables, wa, wb);
 #pragma GCC unroll 2
         for (int t = 0; t < NT; ++t) {
+          __m512& b = kTwoChains ? accb[r][t] : acc[r][t];
           acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wa, (__m512bh)xa[t]);
-          acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wb, (__m512bh)xb[t]);
+          b = _mm512_dpbf16_ps(b, (__m512bh)wb, (__m512bh)xb[t]);
           if constexpr (kSplit) {
             acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wa, (__m512bh)la[t]);
-            acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wb, (__m512bh)lb[t]);
+            b = _mm512_dpbf16_ps(b, (__m512bh)wb, (__m512bh)lb[t]);
           }
         }
       }
@@ -330,7 +350,8 @@ void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xp, int64_t lo_
     for (int r = 0; r < NR; ++r) {
       const __m512 s = _mm512_set1_ps(srow[r][block]);
 #pragma GCC unroll 2
-      for (int t = 0; t < NT; ++t) tot[r][t] = _mm512_fmadd_ps(acc[r][t], s, tot[r][t]);
+      for (int t = 0; t < NT; ++t)
+        tot[r][t] = _mm512_fmadd_ps(kTwoChains ? _mm512_add_ps(acc[r][t], accb[r][t]) : acc[r][t], s, tot[r][t]);
     }
   }
 #pragma GCC unroll 2
