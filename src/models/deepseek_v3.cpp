@@ -1,6 +1,7 @@
 #include "models/deepseek_v3.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "base/log.h"
@@ -378,6 +379,23 @@ void DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t T, float* o
   }
   for (int64_t row = 0; row < T * K; ++row)
     ops_.add_scaled(out + routed_token_[row] * H, expert_out_.data() + row * H, routed_weight_[row], H);
+}
+
+double DeepseekModel::weight_bytes_per_step(int64_t tokens) const {
+  const ModelConfig& c = config_;
+  double expert_bytes = 0;  // one routed expert of every MoE layer
+  int64_t moe_layers = 0;
+  for (const LayerWeights& L : layers_)
+    if (L.moe && !L.moe->experts.empty()) {
+      const MlpWeights& e = L.moe->experts.front();
+      expert_bytes += static_cast<double>(e.gate_proj.bytes() + e.up_proj.bytes() + e.down_proj.bytes());
+      ++moe_layers;
+    }
+  const double always = static_cast<double>(active_weights_per_token().bytes) - expert_bytes * c.num_experts_per_tok;
+  if (moe_layers == 0) return always;
+  const double E = static_cast<double>(c.n_routed_experts), k = static_cast<double>(c.num_experts_per_tok);
+  const double touched = E * (1.0 - std::pow(1.0 - k / E, static_cast<double>(tokens)));
+  return always + expert_bytes * touched;
 }
 
 DeepseekModel::ActiveWeights DeepseekModel::active_weights_per_token() const {

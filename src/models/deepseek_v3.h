@@ -83,6 +83,11 @@ class DeepseekModel {
     int64_t params = 0;
   };
   ActiveWeights active_weights_per_token() const;
+  // Expected weight bytes one step of `tokens` tokens streams when routing spreads tokens
+  // uniformly over the experts (random-weight benchmark checkpoints do): everything but the routed
+  // experts once, plus each MoE layer's experts touched by at least one of the tokens' top-k,
+  // E * (1 - (1 - k/E)^tokens) of them. tokens = 1 gives active_weights_per_token().bytes.
+  double weight_bytes_per_step(int64_t tokens) const;
   const Checkpoint& checkpoint() const { return *checkpoint_; }
 
   LatentCacheShape cache_shape() const {

@@ -1,0 +1,195 @@
+// Offline serving throughput: requests through the engine core (no HTTP), closed loop at each
+// concurrency (a finished request is replaced at once, so prompts keep arriving while others
+// decode), on one checkpoint at one thread count. Per concurrency: output tok/s, per-stream tok/s,
+// TTFT and ITL p50 / p99, next to the decode-step roofline measured in the same process:
+//   a decode step of B streams reads every weight outside the routed experts once, plus the
+//   experts B tokens touch (E * (1 - (1 - k/E)^B) per MoE layer under uniform routing), plus each
+//   stream's latent cache; it does B tokens' FLOPs (2 x active params + attention). Its time is
+//   the larger of bytes / bandwidth and FLOPs / bf16 peak; the roofline is B / that time.
+//
+//   engine_bench --model DIR [--threads N] [--concurrency 1,4,16,64] [--prompt-tokens 128]
+//                [--output-tokens 64] [--requests-per-stream 2] [--markdown]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+
+#include "base/thread_pool.h"
+#include "bench/metrics.h"
+#include "engine/engine.h"
+#include "roofline.h"
+
+namespace {
+
+using namespace moat;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::string model;
+  int threads = 1;
+  std::vector<int> concurrency = {1, 4, 16, 64};
+  int64_t prompt_tokens = 128, output_tokens = 64;
+  int requests_per_stream = 2;
+  bool markdown = false;
+};
+
+struct Level {
+  int concurrency = 0;
+  int64_t requests = 0, output_tokens = 0;
+  double seconds = 0, output_tps = 0, per_stream_tps = 0;
+  double ttft_p50_ms = 0, ttft_p99_ms = 0, itl_p50_ms = 0, itl_p99_ms = 0;
+  double roofline_tps = 0;
+  const char* bound = "";
+};
+
+double ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+Level run_level(DeepseekModel& model, int concurrency, const Args& a, double bandwidth, double bf16_peak) {
+  EngineConfig cfg;
+  cfg.max_model_len = a.prompt_tokens + a.output_tokens;
+  cfg.max_num_seqs = concurrency;
+  cfg.kv_memory_bytes = model.cache_shape().bytes_per_token() * cfg.max_model_len * concurrency * 5 / 4 + (64 << 20);
+  auto engine = Engine::create(model, cfg);
+  if (!engine) {
+    std::fprintf(stderr, "engine_bench: %s\n", engine.error().message.c_str());
+    std::exit(1);
+  }
+  std::mt19937 rng(1234 + concurrency);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(model.config().vocab_size - 1));
+  auto make = [&] {
+    GenerateRequest r;
+    r.prompt.resize(static_cast<size_t>(a.prompt_tokens));
+    for (auto& t : r.prompt) t = token(rng);  // random prompts: no prefix-cache hits
+    r.sampling.temperature = 0.0f;
+    r.stop.max_tokens = a.output_tokens;
+    r.stop.ignore_eos = true;
+    return r;
+  };
+  const int64_t total = static_cast<int64_t>(concurrency) * a.requests_per_stream;
+  std::map<uint64_t, Clock::time_point> sent, last_token;
+  std::vector<double> ttft, itl;
+  int64_t submitted = 0, finished = 0, tokens = 0;
+  auto submit = [&] {
+    auto id = (*engine)->add_request(make());
+    if (!id) {
+      std::fprintf(stderr, "engine_bench: %s\n", id.error().message.c_str());
+      std::exit(1);
+    }
+    sent[*id] = Clock::now();
+    ++submitted;
+  };
+  const auto start = Clock::now();
+  for (int i = 0; i < concurrency; ++i) submit();
+  while ((*engine)->has_work()) {
+    auto outs = (*engine)->step();
+    const auto now = Clock::now();
+    for (const RequestOutput& o : outs) {
+      if (o.new_tokens.empty()) continue;
+      tokens += static_cast<int64_t>(o.new_tokens.size());
+      auto prev = last_token.find(o.id);
+      if (prev == last_token.end()) ttft.push_back(ms(now - sent[o.id]));
+      else itl.push_back(ms(now - prev->second));
+      last_token[o.id] = now;
+      if (o.finished) {
+        ++finished;
+        if (submitted < total) submit();
+      }
+    }
+  }
+  Level L;
+  L.concurrency = concurrency;
+  L.requests = finished;
+  L.output_tokens = tokens;
+  L.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  L.output_tps = tokens / L.seconds;
+  L.ttft_p50_ms = bench::percentile(ttft, 50);
+  L.ttft_p99_ms = bench::percentile(ttft, 99);
+  L.itl_p50_ms = bench::percentile(itl, 50);
+  L.itl_p99_ms = bench::percentile(itl, 99);
+  double itl_mean = 0;
+  for (double v : itl) itl_mean += v;
+  itl_mean /= std::max<size_t>(1, itl.size());
+  L.per_stream_tps = itl_mean > 0 ? 1000.0 / itl_mean : 0;
+
+  // Decode-step roofline at B = concurrency streams, each at the mean context of its decode.
+  const double B = concurrency;
+  const ModelConfig& c = model.config();
+  const double ctx = a.prompt_tokens + a.output_tokens / 2.0;
+  const double bytes = model.weight_bytes_per_step(concurrency) + B * ctx * model.cache_shape().bytes_per_token();
+  const double attn_flops = c.num_hidden_layers * ctx * c.num_attention_heads * 2.0 * (c.kv_cache_dim() + c.kv_lora_rank);
+  const double flops = B * (2.0 * model.active_weights_per_token().params + attn_flops);
+  const double t_mem = bytes / bandwidth, t_flops = flops / bf16_peak;
+  L.roofline_tps = B / std::max(t_mem, t_flops);
+  L.bound = t_mem >= t_flops ? "memory" : "compute";
+  return L;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string s = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", s.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (s == "--model") a.model = next();
+    else if (s == "--threads") a.threads = std::stoi(next());
+    else if (s == "--prompt-tokens") a.prompt_tokens = std::stoll(next());
+    else if (s == "--output-tokens") a.output_tokens = std::stoll(next());
+    else if (s == "--requests-per-stream") a.requests_per_stream = std::stoi(next());
+    else if (s == "--markdown") a.markdown = true;
+    else if (s == "--concurrency") {
+      a.concurrency.clear();
+      std::stringstream ss(next());
+      for (std::string item; std::getline(ss, item, ',');) a.concurrency.push_back(std::stoi(item));
+    } else {
+      std::fprintf(stderr, "unknown argument %s\n", s.c_str());
+      return 2;
+    }
+  }
+  if (a.model.empty()) {
+    std::fprintf(stderr, "usage: engine_bench --model DIR [--threads N] [--concurrency 1,4,16,64]\n");
+    return 2;
+  }
+  set_num_threads(a.threads);
+  auto loaded = DeepseekModel::load(a.model, {.backend = ops::Backend::cpu, .max_context = a.prompt_tokens + a.output_tokens});
+  if (!loaded) {
+    std::fprintf(stderr, "engine_bench: %s\n", loaded.error().message.c_str());
+    return 1;
+  }
+  DeepseekModel& model = **loaded;
+  bench::HugeBuffer<float> bw_buf((512ll << 20) / 4);
+  const double bandwidth = bench::read_bandwidth_gbs(bw_buf) * 1e9;
+  const double bf16_peak = bench::bf16_peak_gflops() * 1e9;
+  // One untimed request first: faults the weights in.
+  run_level(model, 1, Args{.prompt_tokens = 16, .output_tokens = 4, .requests_per_stream = 1}, bandwidth, bf16_peak);
+
+  std::vector<Level> levels;
+  for (int c : a.concurrency) levels.push_back(run_level(model, c, a, bandwidth, bf16_peak));
+  if (a.markdown) {
+    for (const Level& L : levels)
+      std::printf("| %s | %d | %d | %ld | %.1f | %.2f | %.0f / %.0f | %.0f / %.0f | %.1f (%s) | %.0f%% |\n",
+                  a.model.c_str(), a.threads, L.concurrency, L.requests, L.output_tps, L.per_stream_tps, L.ttft_p50_ms,
+                  L.ttft_p99_ms, L.itl_p50_ms, L.itl_p99_ms, L.roofline_tps, L.bound,
+                  100.0 * L.output_tps / L.roofline_tps);
+  } else {
+    std::printf("%s, %d threads, prompt %ld + output %ld tokens; bandwidth %.1f GB/s, bf16 peak %.0f GFLOPS\n",
+                a.model.c_str(), a.threads, a.prompt_tokens, a.output_tokens, bandwidth / 1e9, bf16_peak / 1e9);
+    std::printf("%11s %8s %10s %10s %17s %17s %22s %6s\n", "concurrency", "requests", "out tok/s", "tok/s/strm",
+                "TTFT p50/p99 ms", "ITL p50/p99 ms", "step roofline tok/s", "%");
+    for (const Level& L : levels)
+      std::printf("%11d %8ld %10.1f %10.2f %8.0f /%7.0f %8.0f /%7.0f %14.1f (%s) %5.0f%%\n", L.concurrency, L.requests,
+                  L.output_tps, L.per_stream_tps, L.ttft_p50_ms, L.ttft_p99_ms, L.itl_p50_ms, L.itl_p99_ms,
+                  L.roofline_tps, L.bound, 100.0 * L.output_tps / L.roofline_tps);
+  }
+  return 0;
+}
