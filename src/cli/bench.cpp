@@ -99,6 +99,9 @@ int run(const BenchFlags& f) {
   }
   if (auto url = bench::parse_base_url(f.base_url); !url.ok())
     return fail(2, url.error().message);
+  // httplib 0.11 writes with flags 0 (no MSG_NOSIGNAL): a request written onto a connection the
+  // server has just reset must fail as a write error, which the client resends, not kill us.
+  std::signal(SIGPIPE, SIG_IGN);
 
   bench::EndpointConfig endpoint;
   endpoint.base_url = f.base_url;

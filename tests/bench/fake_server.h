@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -117,7 +118,10 @@ class FakeServer {
   int tokenize_calls() const { return tokenize_calls_.load(); }
   std::vector<Served> served() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return served_;
+    std::vector<Served> out;
+    for (const Served& s : served_)
+      if (s.index > 0) out.push_back(s);  // slots of handlers that have not reached the lock yet
+    return out;
   }
   // The record of the request with this prompt (prompts of a workload are distinct); null if none.
   const Served* find(const std::vector<Served>& all, const std::string& prompt) const {
@@ -165,10 +169,10 @@ class FakeServer {
     poll(&p, 1, o_.close_after_ms);
   }
 
+  // Request k's record is served_[k - 1], so a token's stamp costs no search.
   void record(int index, const std::function<void(Served&)>& f) {
     std::lock_guard<std::mutex> lock(mu_);
-    for (Served& s : served_)
-      if (s.index == index) return f(s);
+    f(served_[index - 1]);
   }
 
   void handle(const httplib::Request& req, httplib::Response& res, bool chat) {
@@ -188,7 +192,8 @@ class FakeServer {
       s.prompt = prompt;
       s.received_s = to_monotonic_s(start);
       std::lock_guard<std::mutex> lock(mu_);
-      served_.push_back(std::move(s));
+      if (served_.size() < static_cast<size_t>(k)) served_.resize(k);
+      served_[k - 1] = std::move(s);
     }
     if (o_.http_500_every > 0 && k % o_.http_500_every == 0) {
       res.status = 500;
