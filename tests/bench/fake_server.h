@@ -71,8 +71,9 @@ class FakeServer {
   explicit FakeServer(FakeOptions o) : o_(o) {
     server_.new_task_queue = [] { return new httplib::ThreadPool(96); };
     server_.set_tcp_nodelay(true);
-    // One request per connection: httplib then closes the connection after the response (and
-    // adds "Connection: close", which the handler's own Connection header shadows).
+    // close_after_ms: one request per connection, so httplib closes each after its response
+    // (and adds "Connection: close", which the handler's earlier "keep-alive" shadows for clients
+    // that read the first Connection header, as httplib's does).
     server_.set_keep_alive_max_count(o_.close_after_ms >= 0 ? 1 : 1000000);
     auto handler = [this](bool chat) {
       return [this, chat](const httplib::Request& req, httplib::Response& res) {
