@@ -65,14 +65,17 @@ model_rows=$(model_benchmarks)
   echo
   echo "## Kernels against this run's rooflines"
   echo
-  echo "Rooflines are measured in the same run: memory read bandwidth (512 MiB in 2 MiB pages, summed with 512-bit loads)"
-  echo "for T=1 matmul and attention (GB/s of weights or cache read), and the vdpbf16ps peak for T=512"
-  echo "(GFLOPS). Weight sets are cycled through >= 256 MiB so every call reads DRAM, as decode does (also in 2 MiB pages)."
+  echo "Rooflines are measured in the same run: memory read bandwidth (512 MiB in 2 MiB pages, summed with 512-bit loads,"
+  echo "the best of five access patterns: one stream or 4 / 8 streams side by side per thread, with and without software"
+  echo "prefetch; the kernel column names the winner) for T=1 matmul and attention (GB/s of weights or cache read), and the"
+  echo "vdpbf16ps / vfmadd231ps peaks with 24 independent accumulators per thread for T=512 (GFLOPS). Every probe loop is"
+  echo "unrolled explicitly and checked by tests/ops/no_spill_test.cpp (at -O2 they used to keep accumulators in memory and"
+  echo "read 2-3x low). Weight sets are cycled through >= 256 MiB so every call reads DRAM, as decode does (also in 2 MiB pages)."
   echo "Shapes are [out, in]: 2048x10944 is DeepSeek-V2-Lite's dense down projection, 1408x2048 an expert's"
   echo "gate or up projection. MLA attention over an fp32 latent cache does ~15 flops per cache byte at"
   echo "16 heads, so its roofline is min(fp32 FMA peak, bandwidth x 15), which is the FMA peak here."
   echo "A bandwidth row above 100% means the kernel (4 prefetched row streams) reads memory slightly"
-  echo "faster than the plain streaming-sum probe."
+  echo "faster than the best probe pattern."
   echo
   echo "$kernels"
   echo
