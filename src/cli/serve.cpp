@@ -7,6 +7,9 @@
 #include <signal.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
@@ -83,30 +86,43 @@ int run_serve(const ServeArgs& a) {
   MOAT_LOG(info, "moat serve: listening on http://{}:{} (model `{}` loading; /health is 503 until it is ready)", a.host,
            http.port(), so.served_model_name);
 
-  std::atomic<bool> ready{false};
+  std::atomic<bool> ready{false}, finished{false};
   std::mutex mu;
   std::condition_variable stop_cv;
   bool stop_requested = false;
+  // The first signal starts a graceful shutdown; a second one aborts what is still in flight.
   std::thread signal_waiter([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    if (!ready.load()) {
-      // Nothing is in flight before the model is attached; a load cannot be interrupted midway.
-      MOAT_LOG(info, "moat serve: signal {} during load, exiting", sig);
-      std::_Exit(0);
+    const timespec poll{0, 200 * 1000 * 1000};
+    int received = 0;
+    while (!finished.load()) {
+      const int sig = sigtimedwait(&signals, nullptr, &poll);
+      if (sig < 0) continue;
+      if (!ready.load()) {
+        // Nothing is in flight before the model is attached; a load cannot be interrupted midway.
+        MOAT_LOG(info, "moat serve: signal {} during load, exiting", sig);
+        std::_Exit(0);
+      }
+      if (++received == 1) {
+        MOAT_LOG(info, "moat serve: signal {}, shutting down (finishing requests in flight; again to abort them)", sig);
+        std::lock_guard lock(mu);
+        stop_requested = true;
+        stop_cv.notify_all();
+      } else {
+        MOAT_LOG(warn, "moat serve: signal {} again, aborting {} responses in flight", sig, http.in_flight());
+        http.abort_all();
+      }
     }
-    MOAT_LOG(info, "moat serve: signal {}, shutting down", sig);
-    std::lock_guard lock(mu);
-    stop_requested = true;
-    stop_cv.notify_all();
   });
 
-  auto tokenizer = Tokenizer::load(dir);
-  if (!tokenizer) {
+  auto give_up = [&](const std::string& message) {
     http.stop();
     listener.join();
-    std::_Exit(fail(tokenizer.error().message));  // the signal thread blocks in sigwait
-  }
+    finished = true;
+    signal_waiter.join();
+    return fail(message);
+  };
+  auto tokenizer = Tokenizer::load(dir);
+  if (!tokenizer) return give_up(tokenizer.error().message);
   std::optional<ChatTemplate> chat_template;
   if (!tokenizer->chat_template().empty()) {
     auto parsed = ChatTemplate::parse(tokenizer->chat_template());
@@ -114,17 +130,9 @@ int run_serve(const ServeArgs& a) {
     else chat_template = std::move(parsed).value();
   }
   auto model = a.model.load(max_context);
-  if (!model) {
-    http.stop();
-    listener.join();
-    std::_Exit(fail(model.error().message));
-  }
+  if (!model) return give_up(model.error().message);
   auto engine = Engine::create(**model, a.engine.config(max_context), &*tokenizer);
-  if (!engine) {
-    http.stop();
-    listener.join();
-    std::_Exit(fail(engine.error().message));
-  }
+  if (!engine) return give_up(engine.error().message);
   AsyncEngine async(std::move(engine).value(), {.max_waiting = a.max_queue});
 
   server::ServedModel served;
@@ -171,6 +179,7 @@ int run_serve(const ServeArgs& a) {
   http.wait_idle(std::chrono::seconds(5));  // the last chunks of finished streams
   http.stop();
   listener.join();
+  finished = true;
   signal_waiter.join();
   MOAT_LOG(info, "moat serve: stopped");
   return 0;
