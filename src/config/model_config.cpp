@@ -474,7 +474,7 @@ Result<ModelConfig> load_model_config(const std::filesystem::path& dir_or_file) 
   json j;
   try {
     j = json::parse(text.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for 1e400
     return make_error("{}: invalid JSON: {}", path.string(), e.what());
   }
   auto config = parse_model_config(j);

@@ -2,7 +2,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+#include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 namespace moat {
@@ -12,8 +15,87 @@ constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
 }  // namespace
 
+Result<std::vector<std::pair<std::string, std::string>>> parse_shard_index(std::string_view text,
+                                                                           const std::string& what) {
+  using nlohmann::json;
+  // nlohmann keeps the last value of a repeated key: the callback sees every weight_map key.
+  std::string top_key, twice;
+  std::set<std::string, std::less<>> seen;
+  const json::parser_callback_t on_key = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (event != json::parse_event_t::key || !parsed.is_string()) return true;
+    if (depth == 1) top_key = parsed.get<std::string>();
+    if (depth == 2 && top_key == "weight_map" && twice.empty() &&
+        !seen.insert(parsed.get<std::string>()).second)
+      twice = parsed.get<std::string>();
+    return true;
+  };
+  json index;
+  try {
+    index = json::parse(text.begin(), text.end(), on_key);
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for 1e400
+    return make_error("{}: invalid JSON: {}", what, e.what());
+  }
+  auto wm = index.is_object() ? index.find("weight_map") : index.end();
+  if (wm == index.end() || !wm->is_object())
+    return make_error("{}: expected an object field 'weight_map' (tensor name -> shard file)",
+                      what);
+  if (!twice.empty())
+    return make_error("{}: weight_map lists tensor '{}' twice", what, twice);
+  if (wm->empty()) return make_error("{}: weight_map is empty: it names no tensor", what);
+  std::vector<std::pair<std::string, std::string>> out;
+  out.reserve(wm->size());
+  for (const auto& [name, shard] : wm->items()) {
+    if (!shard.is_string()) {
+      std::string got = shard.dump();
+      if (got.size() > 200) got = got.substr(0, 200) + "...";
+      return make_error("{}: weight_map['{}']: expected a shard file name, got {}", what, name,
+                        got);
+    }
+    const std::string file = shard.get<std::string>();
+    if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
+        file.find('\0') != std::string::npos)
+      return make_error("{}: weight_map['{}']: shard \"{}\" is not a file name in the checkpoint "
+                        "directory",
+                        what, name, file);
+    out.emplace_back(name, file);
+  }
+  return out;
+}
+
+Status check_block_scales(const TensorInfo& t) {
+  constexpr std::string_view kSuffix = "_scale_inv";
+  if (t.name.size() < kSuffix.size() ||
+      t.name.compare(t.name.size() - kSuffix.size(), kSuffix.size(), kSuffix) != 0)
+    return ok_status();
+  if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16) return ok_status();
+  const size_t n = t.nbytes / dtype_size(t.dtype);
+  for (size_t i = 0; i < n; ++i) {
+    float v;
+    if (t.dtype == DType::F32) {
+      std::memcpy(&v, t.data + 4 * i, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, t.data + 2 * i, 2);
+      v = t.dtype == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+    }
+    if (std::isfinite(v)) continue;
+    // the block's coordinates, e.g. [3, 17] of a [ceil(out/128), ceil(in/128)] grid
+    std::vector<int64_t> at(t.shape.size());
+    size_t rest = i;
+    for (size_t d = t.shape.size(); d-- > 0;) {
+      at[d] = static_cast<int64_t>(rest % static_cast<size_t>(t.shape[d]));
+      rest /= static_cast<size_t>(t.shape[d]);
+    }
+    return make_error("{}: tensor '{}': block scale {} is {} (shape {}); every scale must be finite",
+                      t.file, t.name, shape_str(at), v, shape_str(t.shape));
+  }
+  return ok_status();
+}
+
 Result<Checkpoint> Checkpoint::open(const std::filesystem::path& dir, WeightPlacement placement) {
   MOAT_ASSIGN_OR_RETURN(Checkpoint ckpt, open_files(dir, placement));
+  for (const auto& file : ckpt.files_)
+    for (const auto& t : file->tensors()) MOAT_TRY(check_block_scales(t));
   if (placement == WeightPlacement::mmap) ckpt.populate_if_it_fits();
   return ckpt;
 }
@@ -21,15 +103,8 @@ Result<Checkpoint> Checkpoint::open(const std::filesystem::path& dir, WeightPlac
 void Checkpoint::populate_if_it_fits() const {
   size_t mapped = 0;
   for (const auto& f : files_) mapped += f->file_size();
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  size_t available_kib = 0, value = 0;
-  while (meminfo >> key >> value) {
-    if (key == "MemAvailable:") available_kib = value;
-    meminfo.ignore(64, '\n');
-  }
   // MemAvailable counts reclaimable page cache, the checkpoint's own cached pages included
-  if (mapped / 1024 > available_kib / 10 * 9) return;
+  if (mapped > mem_available_bytes() / 10 * 9) return;
   for (const auto& f : files_) f->populate();
 }
 
@@ -54,35 +129,36 @@ Result<Checkpoint> Checkpoint::open_files(const std::filesystem::path& dir, Weig
     if (!in) return make_error("{}: cannot open", index_path.string());
     std::stringstream text;
     text << in.rdbuf();
-    nlohmann::json index;
-    try {
-      index = nlohmann::json::parse(text.str());
-    } catch (const nlohmann::json::parse_error& e) {
-      return make_error("{}: invalid JSON: {}", index_path.string(), e.what());
-    }
-    auto wm = index.is_object() ? index.find("weight_map") : index.end();
-    if (wm == index.end() || !wm->is_object())
-      return make_error("{}: expected an object field 'weight_map' (tensor name -> shard file)",
-                        index_path.string());
+    MOAT_ASSIGN_OR_RETURN(const auto entries, parse_shard_index(text.str(), index_path.string()));
 
-    // Open each shard once, in order of first mention.
-    std::map<std::string, std::shared_ptr<SafetensorsFile>> shards;
-    for (const auto& [name, shard] : wm->items()) {
-      if (!shard.is_string())
-        return make_error("{}: weight_map['{}']: expected a shard file name, got {}",
-                          index_path.string(), name, shard.dump());
-      const std::string shard_name = shard.get<std::string>();
-      if (shards.count(shard_name)) continue;
+    // Every shard is checked to exist, and (--no-mmap) the shards together to fit in memory,
+    // before any is read.
+    std::vector<std::string> shard_names;  // in order of first mention
+    std::set<std::string, std::less<>> listed;
+    uint64_t total = 0;
+    for (const auto& [name, shard_name] : entries) {
+      if (!listed.insert(shard_name).second) continue;
       const fs::path shard_path = dir / shard_name;
-      if (!fs::exists(shard_path, ec))
+      if (!fs::is_regular_file(shard_path, ec))
         return make_error("{}: shard '{}' (holding '{}') is missing from {}",
                           index_path.string(), shard_name, name, dir.string());
-      MOAT_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(shard_path, placement));
+      total += fs::file_size(shard_path, ec);
+      shard_names.push_back(shard_name);
+    }
+    if (placement == WeightPlacement::memory) {
+      const uint64_t available = mem_available_bytes();
+      if (available > 0 && total > available)
+        return make_error("{}: reading its {} shards into memory (--no-mmap) needs {} bytes, but only "
+                          "{} bytes are available (MemAvailable); map them instead (without --no-mmap)",
+                          index_path.string(), shard_names.size(), total, available);
+    }
+    std::map<std::string, std::shared_ptr<SafetensorsFile>, std::less<>> shards;
+    for (const std::string& shard_name : shard_names) {
+      MOAT_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(dir / shard_name, placement));
       shards.emplace(shard_name, file);
       ckpt.files_.push_back(std::move(file));
     }
-    for (const auto& [name, shard] : wm->items()) {
-      const std::string shard_name = shard.get<std::string>();
+    for (const auto& [name, shard_name] : entries) {
       const TensorInfo* t = shards.at(shard_name)->find(name);
       if (!t)
         return make_error("{}: tensor '{}' is mapped to shard '{}', which does not contain it",

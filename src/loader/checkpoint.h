@@ -8,12 +8,25 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
 #include "loader/safetensors.h"
 
 namespace moat {
+
+// model.safetensors.index.json's weight_map as (tensor name, shard file) pairs in file order.
+// Refuses what no HF writer produces: a tensor listed twice, a shard that is not a plain file name
+// in the checkpoint's directory ("../x", "/etc/x", "a/b"), an empty map. `what` (the index's
+// path) names the file in every error. Exposed for the fuzz target.
+Result<std::vector<std::pair<std::string, std::string>>> parse_shard_index(std::string_view text,
+                                                                           const std::string& what);
+
+// Every F32/BF16/F16 tensor named "*_scale_inv" (fp8 block scales) must be finite: one NaN or
+// Inf scale turns a whole 128x128 block of the weight, and every logit after it, into NaN.
+// The error names the file, the tensor and the block.
+Status check_block_scales(const TensorInfo& t);
 
 class Checkpoint {
  public:

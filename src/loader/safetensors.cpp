@@ -14,12 +14,22 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <set>
 
 namespace moat {
 
 namespace {
 
 using nlohmann::json;
+
+// A JSON value for an error message, cut short: a hostile header can be 100 MB.
+std::string short_dump(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > 200) s = s.substr(0, 200) + "...";
+  return s;
+}
+
+std::optional<uint64_t> g_fake_mem_available;  // set_mem_available_for_testing
 
 // numel * elem_size, or nullopt on overflow (a hostile header must not wrap around).
 std::optional<uint64_t> checked_bytes(const std::vector<int64_t>& shape, size_t elem_size) {
@@ -56,6 +66,22 @@ void* map_file_huge_aligned(int fd, size_t size) {
 }
 
 }  // namespace
+
+uint64_t mem_available_bytes() {
+  if (g_fake_mem_available) return *g_fake_mem_available;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  while (meminfo >> key >> kib) {
+    if (key == "MemAvailable:") return kib * 1024;
+    meminfo.ignore(64, '\n');
+  }
+  return 0;
+}
+
+void set_mem_available_for_testing(std::optional<uint64_t> bytes) {
+  g_fake_mem_available = bytes;
+}
 
 std::string shape_str(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -122,6 +148,15 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::filesy
     return make_error("{}: truncated: {} bytes, expected at least the 8-byte header length", file,
                       f->size_);
   }
+  if (placement == WeightPlacement::memory) {
+    const uint64_t available = mem_available_bytes();
+    if (available > 0 && f->size_ > available) {
+      ::close(fd);
+      return make_error("{}: reading it into memory (--no-mmap) needs {} bytes, but only {} bytes "
+                        "are available (MemAvailable); map it instead (without --no-mmap)",
+                        file, f->size_, available);
+    }
+  }
   void* map = MAP_FAILED;
   if (placement == WeightPlacement::mmap) {
     // MAP_PRIVATE + PROT_READ: the checkpoint is never written through, and pages are shared
@@ -161,38 +196,63 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::filesy
   // page. Asking for huge pages lets kernels with large page-cache folios map 2 MiB at a time
   // (advisory: ignored where unsupported).
   if (placement == WeightPlacement::mmap) madvise(map, f->size_, MADV_HUGEPAGE);
-  const auto* base = static_cast<const std::byte*>(map);
 
+  MOAT_ASSIGN_OR_RETURN(f->tensors_, parse_safetensors(static_cast<const std::byte*>(map), f->size_, file));
+  for (size_t i = 0; i < f->tensors_.size(); ++i) f->by_name_.emplace(f->tensors_[i].name, i);
+  return f;
+}
+
+Result<std::vector<TensorInfo>> parse_safetensors(const std::byte* base, size_t size,
+                                                  const std::string& file) {
+  if (size < 8)
+    return make_error("{}: truncated: {} bytes, expected at least the 8-byte header length", file,
+                      size);
   uint64_t header_len = 0;
   for (int i = 0; i < 8; ++i)
     header_len |= static_cast<uint64_t>(static_cast<uint8_t>(base[i])) << (8 * i);
-  if (header_len > f->size_ - 8)
+  if (header_len > size - 8)
     return make_error("{}: header length {} runs past the end of the file ({} bytes)", file,
-                      header_len, f->size_);
+                      header_len, size);
+  if (header_len > kMaxSafetensorsHeaderBytes)
+    return make_error("{}: header length {} is over the {}-byte limit for a safetensors header",
+                      file, header_len, kMaxSafetensorsHeaderBytes);
 
+  // A tensor named twice would leave the bytes of one copy unchecked (nlohmann keeps the last
+  // value of a repeated key): the parse callback sees every top-level key.
+  std::set<std::string, std::less<>> seen;
+  std::string twice;
+  const json::parser_callback_t on_key = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::key && depth == 1 && parsed.is_string() && twice.empty() &&
+        !seen.insert(parsed.get<std::string>()).second)
+      twice = parsed.get<std::string>();
+    return true;
+  };
   json header;
   try {
     header = json::parse(reinterpret_cast<const char*>(base + 8),
-                         reinterpret_cast<const char*>(base + 8 + header_len));
-  } catch (const json::parse_error& e) {
+                         reinterpret_cast<const char*>(base + 8 + header_len), on_key);
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for 1e400
     return make_error("{}: invalid header JSON: {}", file, e.what());
   }
   if (!header.is_object())
     return make_error("{}: invalid header JSON: expected an object, got {}", file,
                       header.type_name());
+  if (!twice.empty())
+    return make_error("{}: tensor '{}' appears twice in the header", file, twice);
 
   const uint64_t data_start = 8 + header_len;
-  const uint64_t data_size = f->size_ - data_start;
+  const uint64_t data_size = size - data_start;
   struct Span {
     uint64_t begin, end;
     size_t index;
   };
   std::vector<Span> spans;
+  std::vector<TensorInfo> tensors;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") continue;
     if (!entry.is_object())
       return make_error("{}: tensor '{}': expected an object in the header, got {}", file, name,
-                        entry.dump());
+                        short_dump(entry));
     TensorInfo t;
     t.name = name;
     t.file = file;
@@ -204,25 +264,34 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::filesy
     if (!dtype)
       return make_error("{}: tensor '{}': unknown dtype \"{}\" (expected one of BF16, F16, F32, "
                         "F8_E4M3, F64, I64, I32, I16, I8, U8, BOOL)",
-                        file, name, dt->get<std::string>());
+                        file, name, dt->get<std::string>().substr(0, 64));
     t.dtype = *dtype;
 
     auto sh = entry.find("shape");
     if (sh == entry.end() || !sh->is_array())
       return make_error("{}: tensor '{}': missing list field 'shape'", file, name);
     for (const auto& d : *sh) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0)
+      // get<int64_t> of an unsigned above INT64_MAX would wrap: such a dim is refused too
+      if (!d.is_number_integer() || (d.is_number_unsigned() && d.get<uint64_t>() > INT64_MAX) ||
+          d.get<int64_t>() < 0)
         return make_error("{}: tensor '{}': shape {} must hold non-negative integers", file, name,
-                          sh->dump());
+                          short_dump(*sh));
       t.shape.push_back(d.get<int64_t>());
     }
+    // numel() and every product of dims downstream are int64: refuse a shape whose nonzero dims
+    // multiply past it, even where a zero dim makes it empty.
+    int64_t product = 1;
+    for (int64_t d : t.shape)
+      if (d != 0 && __builtin_mul_overflow(product, d, &product))
+        return make_error("{}: tensor '{}': shape {} has more elements than a 64-bit count holds",
+                          file, name, shape_str(t.shape));
 
     auto off = entry.find("data_offsets");
     if (off == entry.end() || !off->is_array() || off->size() != 2 ||
         !(*off)[0].is_number_unsigned() || !(*off)[1].is_number_unsigned())
       return make_error("{}: tensor '{}': 'data_offsets' must be [begin, end] (non-negative "
                         "integers), got {}",
-                        file, name, off == entry.end() ? std::string("nothing") : off->dump());
+                        file, name, off == entry.end() ? std::string("nothing") : short_dump(*off));
     const uint64_t begin = (*off)[0].get<uint64_t>();
     const uint64_t end = (*off)[1].get<uint64_t>();
     if (begin > end)
@@ -241,30 +310,41 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::filesy
                         end, end - begin);
     t.data = base + data_start + begin;
     t.nbytes = static_cast<size_t>(end - begin);
-    spans.push_back({begin, end, f->tensors_.size()});
-    f->tensors_.push_back(std::move(t));
+    spans.push_back({begin, end, tensors.size()});
+    tensors.push_back(std::move(t));
   }
 
-  // Overlap check in offset order; zero-byte tensors occupy nothing and never overlap.
+  // In offset order the tensors must tile the data buffer: each starts where the one before
+  // ended (zero-byte tensors occupy nothing), and the last ends at the end of the file.
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
   const Span* prev = nullptr;
+  uint64_t covered = 0;
   for (const Span& s : spans) {
     if (s.begin == s.end) continue;
     if (prev && s.begin < prev->end)
       return make_error("{}: tensors '{}' [{}, {}) and '{}' [{}, {}) overlap in the data buffer",
-                        file, f->tensors_[prev->index].name, prev->begin, prev->end,
-                        f->tensors_[s.index].name, s.begin, s.end);
+                        file, tensors[prev->index].name, prev->begin, prev->end,
+                        tensors[s.index].name, s.begin, s.end);
+    if (s.begin > covered)
+      return make_error("{}: tensor '{}': data_offsets [{}, {}) leave bytes [{}, {}) of the data "
+                        "buffer unused{} (safetensors data must be contiguous)",
+                        file, tensors[s.index].name, s.begin, s.end, covered, s.begin,
+                        prev ? fmt::format(" after '{}'", tensors[prev->index].name) : "");
+    covered = s.end;
     prev = &s;
   }
+  if (covered != data_size)
+    return make_error("{}: the tensors cover {} of the {} bytes of the data buffer: {} bytes "
+                      "after {} belong to no tensor",
+                      file, covered, data_size, data_size - covered,
+                      prev ? fmt::format("'{}'", tensors[prev->index].name) : "the header");
 
   std::vector<TensorInfo> ordered;
   ordered.reserve(spans.size());
-  for (const Span& s : spans) ordered.push_back(std::move(f->tensors_[s.index]));
-  f->tensors_ = std::move(ordered);
-  for (size_t i = 0; i < f->tensors_.size(); ++i) f->by_name_.emplace(f->tensors_[i].name, i);
-  return f;
+  for (const Span& s : spans) ordered.push_back(std::move(tensors[s.index]));
+  return ordered;
 }
 
 Status write_safetensors(const std::filesystem::path& path,

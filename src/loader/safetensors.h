@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,6 +43,13 @@ std::string shape_str(const std::vector<int64_t>& shape);
 //          and the same RSS; 2 MiB pages whatever state the page cache is in (a mapping gets them
 //          only where the page cache holds 2 MiB folios: see populate()).
 enum class WeightPlacement { mmap, memory };
+
+// MemAvailable of /proc/meminfo in bytes (0 when unknown): what WeightPlacement::memory may
+// take. A checkpoint larger than this is refused at open with both numbers instead of being
+// read until the OOM killer ends the process. Tests fake the figure with
+// set_mem_available_for_testing (nullopt goes back to /proc/meminfo).
+uint64_t mem_available_bytes();
+void set_mem_available_for_testing(std::optional<uint64_t> bytes);
 
 class SafetensorsFile {
  public:
@@ -83,6 +91,18 @@ class SafetensorsFile {
   std::vector<TensorInfo> tensors_;
   std::map<std::string, size_t, std::less<>> by_name_;  // name -> index in tensors_
 };
+
+// The largest JSON header accepted (the limit of the reference implementation, huggingface/
+// safetensors): a longer one is refused before it is parsed.
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
+
+// Parses and checks a whole safetensors image [base, base + size): the 8-byte header length, the
+// JSON header and the data buffer, which the tensors must cover exactly, in order, without gaps
+// or overlaps (the format's rule, so no byte is left unaccounted for). What open() runs on the
+// mapping, and what the fuzz target runs on its input. Tensors come back in data-offset order,
+// pointing into the image; `file` names the file in every error.
+Result<std::vector<TensorInfo>> parse_safetensors(const std::byte* base, size_t size,
+                                                  const std::string& file);
 
 // A tensor for write_safetensors: bytes must hold exactly numel * dtype_size bytes.
 struct TensorToWrite {

@@ -28,7 +28,7 @@ Result<json> read_json_file(const fs::path& path) {
     try {
       const json unused = json::parse(buffer.str());
       (void)unused;
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, and out_of_range for 1e400
       return make_error("{}: malformed JSON: {}", path.string(), e.what());
     }
     return make_error("{}: malformed JSON", path.string());

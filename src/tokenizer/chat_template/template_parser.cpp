@@ -7,6 +7,8 @@
 //   - trim_blocks: the first newline after `%}` or `#}` goes, unless written `+%}`;
 //   - operator precedence: if-else < or < and < not < comparisons/in < + - < ~ < * / // % < ** <
 //     unary - + < filters and tests < postfix (. [] ()).
+#include <cerrno>
+#include <cstdlib>
 #include <algorithm>
 #include <cstring>
 
@@ -252,7 +254,7 @@ class Lexer {
       }
       pos_ = p;
       Token t{Tok::kInt, src_.substr(s, p - s), line};
-      t.ival = std::stoll(d, nullptr, base);
+      t.ival = parse_int(d, base, line);
       tokens_.push_back(t);
       return;
     }
@@ -280,9 +282,19 @@ class Lexer {
     }
     pos_ = p;
     Token t{is_float ? Tok::kFloat : Tok::kInt, text, line};
-    if (is_float) t.fval = std::stod(text);
-    else t.ival = std::stoll(text);
+    if (is_float) t.fval = std::strtod(text.c_str(), nullptr);  // inf or 0 past the range, as in Python
+    else t.ival = parse_int(text, 10, line);
     tokens_.push_back(t);
+  }
+
+  // An integer literal; Python's are unbounded, the renderer's are int64.
+  static int64_t parse_int(const std::string& digits, int base, int line) {
+    errno = 0;
+    char* end = nullptr;
+    const long long v = std::strtoll(digits.c_str(), &end, base);
+    if (digits.empty() || errno == ERANGE || *end != '\0')
+      throw ParseError{line, "integer literal " + digits.substr(0, 40) + " does not fit in 64 bits"};
+    return v;
   }
 
   // Python unicode-escape decoding of a string literal, as jinja2 does.
@@ -393,6 +405,25 @@ class Parser {
     int line;
   };
 
+  // Every step of the descent and every link of a left-nested chain (a + b + c, x.y.z, f()(),
+  // x | f | g) makes the tree one level deeper. Deeper trees are refused, so that neither this
+  // parser, nor the evaluator, nor the tree's destructor (all recursive) can overflow the stack on
+  // a hostile template; real templates stay under 100 levels and 10 nested blocks.
+  static constexpr int kMaxDepth = 500;
+  static constexpr size_t kMaxBlocks = 100;
+  int depth_ = 0;
+  void deepen() {
+    if (++depth_ > kMaxDepth)
+      throw ParseError{peek().line, "expression nested deeper than " + std::to_string(kMaxDepth) + " levels"};
+  }
+  // Deepens for the rest of the scope it is declared in.
+  struct Deeper {
+    explicit Deeper(Parser* parser) : p(parser), saved(parser->depth_) { p->deepen(); }
+    ~Deeper() { p->depth_ = saved; }
+    Parser* p;
+    int saved;
+  };
+
   const Token& peek(size_t ahead = 0) const { return toks_[std::min(i_ + ahead, toks_.size() - 1)]; }
   Token next() { return toks_[std::min(i_++, toks_.size() - 1)]; }
   bool at_op(const char* op, size_t ahead = 0) const {
@@ -438,6 +469,8 @@ class Parser {
   // Parses statements until one of `enders` opens a tag (consumed with its name; the rest of
   // that tag is the caller's), or the end of the template when enders is empty.
   Body parse_body(const std::vector<std::string>& enders, std::string* found) {
+    if (open_.size() > kMaxBlocks)
+      throw ParseError{peek().line, "blocks nested deeper than " + std::to_string(kMaxBlocks) + " levels"};
     Body body;
     while (true) {
       const Token& t = peek();
@@ -702,8 +735,10 @@ class Parser {
   }
 
   ExprPtr parse_or() {
+    Deeper deeper(this);
     ExprPtr left = parse_and();
     while (at_name("or")) {
+      deepen();
       int line = next().line;
       left = binary("or", std::move(left), parse_and(), line);
     }
@@ -711,8 +746,10 @@ class Parser {
   }
 
   ExprPtr parse_and() {
+    Deeper deeper(this);
     ExprPtr left = parse_not();
     while (at_name("and")) {
+      deepen();
       int line = next().line;
       left = binary("and", std::move(left), parse_not(), line);
     }
@@ -720,6 +757,7 @@ class Parser {
   }
 
   ExprPtr parse_not() {
+    Deeper deeper(this);
     if (at_name("not")) {
       int line = next().line;
       auto e = std::make_unique<Expr>(Expr{ExprKind::kUnary, line});
@@ -731,6 +769,7 @@ class Parser {
   }
 
   ExprPtr parse_compare() {
+    Deeper deeper(this);
     int line = peek().line;
     ExprPtr first = parse_math1();
     std::vector<std::string> ops;
@@ -760,8 +799,10 @@ class Parser {
   }
 
   ExprPtr parse_math1() {
+    Deeper deeper(this);
     ExprPtr left = parse_concat();
     while (at_op("+") || at_op("-")) {
+      deepen();
       Token op = next();
       left = binary(op.text, std::move(left), parse_concat(), op.line);
     }
@@ -769,8 +810,10 @@ class Parser {
   }
 
   ExprPtr parse_concat() {
+    Deeper deeper(this);
     ExprPtr left = parse_math2();
     while (at_op("~")) {
+      deepen();
       int line = next().line;
       left = binary("~", std::move(left), parse_math2(), line);
     }
@@ -778,8 +821,10 @@ class Parser {
   }
 
   ExprPtr parse_math2() {
+    Deeper deeper(this);
     ExprPtr left = parse_pow();
     while (at_op("*") || at_op("/") || at_op("//") || at_op("%")) {
+      deepen();
       Token op = next();
       left = binary(op.text, std::move(left), parse_pow(), op.line);
     }
@@ -787,8 +832,10 @@ class Parser {
   }
 
   ExprPtr parse_pow() {
+    Deeper deeper(this);
     ExprPtr left = parse_unary(true);
     while (at_op("**")) {
+      deepen();
       int line = next().line;
       left = binary("**", std::move(left), parse_unary(true), line);
     }
@@ -796,6 +843,7 @@ class Parser {
   }
 
   ExprPtr parse_unary(bool with_filter) {
+    Deeper deeper(this);
     ExprPtr node;
     if (at_op("-") || at_op("+")) {
       Token op = next();
@@ -870,8 +918,10 @@ class Parser {
   }
 
   ExprPtr parse_postfix(ExprPtr node) {
+    Deeper deeper(this);
     while (true) {
       int line = peek().line;
+      deepen();
       if (skip_op(".")) {
         if (peek().type == Tok::kInt) {
           auto e = std::make_unique<Expr>(Expr{ExprKind::kItem, line});
@@ -962,7 +1012,9 @@ class Parser {
   }
 
   ExprPtr parse_filter_expr(ExprPtr node) {
+    Deeper deeper(this);
     while (true) {
+      deepen();
       if (skip_op("|")) {
         node = parse_filter(std::move(node));
       } else if (at_name("is")) {
@@ -1044,6 +1096,8 @@ Result<std::shared_ptr<const Template>> parse_template(std::string_view source) 
     return std::shared_ptr<const Template>(std::move(t));
   } catch (const ParseError& e) {
     return make_error("chat template syntax error, line {}: {}", e.line, e.message);
+  } catch (const std::exception& e) {  // a library error (std::out_of_range, ...) is still a value
+    return make_error("chat template syntax error: {}", e.what());
   }
 }
 

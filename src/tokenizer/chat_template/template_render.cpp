@@ -23,6 +23,33 @@ namespace {
 
 [[noreturn]] void type_error(const std::string& message) { throw TemplateError(message); }
 
+// Limits that jinja2 does not have but a renderer fed templates from downloaded checkpoints
+// needs, so that a hostile template ends in an error rather than a hang or an OOM kill. Real
+// chat templates stay orders of magnitude below them (a 1000-message conversation through the
+// largest template in shared/testdata takes ~10^5 steps and ~10^5 bytes).
+constexpr int64_t kMaxSteps = 2'000'000;  // statements and loop iterations per render
+constexpr size_t kMaxStringBytes = 64 << 20;  // any string the template builds, the output included
+
+void check_string_size(size_t bytes) {
+  if (bytes > kMaxStringBytes)
+    type_error("the template builds a string of " + std::to_string(bytes) + " bytes; the limit is " +
+               std::to_string(kMaxStringBytes));
+}
+
+// Python ints are unbounded; template integers are int64, and an overflow is an error. Call it
+// after the __builtin_*_overflow that sets the result, not in the same expression.
+int64_t checked(bool overflowed, int64_t value, const char* op) {
+  if (overflowed) type_error(std::string("integer overflow in '") + op + "' (template integers are 64-bit)");
+  return value;
+}
+
+// A float to int64 as Python's int() would, where it fits.
+int64_t float_to_int(double f) {
+  if (!std::isfinite(f) || f >= 9223372036854775808.0 || f < -9223372036854775808.0)
+    type_error("cannot convert float " + std::to_string(f) + " to a 64-bit integer");
+  return static_cast<int64_t>(f);
+}
+
 // ----------------------------------------------------------------------------------------------
 // String helpers (Python str methods on UTF-8).
 
@@ -234,7 +261,8 @@ class Params {
       type_error(std::string(fn_) + "() takes at most " + std::to_string(names_.size()) + " arguments (" +
                  std::to_string(args_.size()) + " given)");
     }
-    for (const auto& [k, v] : kwargs_) {
+    for (const auto& kv : kwargs_) {
+      const auto& k = kv.first;  // a plain reference: clang < 16 cannot capture structured bindings
       if (std::find_if(names_.begin(), names_.end(), [&](const char* n) { return k == n; }) == names_.end()) {
         type_error(std::string(fn_) + "() got an unexpected keyword argument '" + k + "'");
       }
@@ -396,7 +424,7 @@ std::string percent_format(const std::string& fmt, const List& args) {
       case 'd':
       case 'i': {
         if (!a.is_number()) type_error("%d format: a real number is required, not " + type_name(a));
-        int64_t x = a.kind == Kind::kFloat ? static_cast<int64_t>(a.f) : a.kind == Kind::kBool ? a.b : a.i;
+        int64_t x = a.kind == Kind::kFloat ? float_to_int(a.f) : a.kind == Kind::kBool ? a.b : a.i;
         std::snprintf(buf, sizeof(buf), ("%" + spec + "lld").c_str(), static_cast<long long>(x));
         out += buf;
         break;
@@ -446,6 +474,7 @@ std::string brace_format(const std::string& fmt, Args& args, Kwargs& kwargs) {
         if (auto_index >= args.size()) type_error("Replacement index out of range");
         v = &args[auto_index++];
       } else if (std::all_of(field.begin(), field.end(), ::isdigit)) {
+        if (field.size() > 9) type_error("Replacement index out of range");
         size_t k = std::stoul(field);
         if (k >= args.size()) type_error("Replacement index out of range");
         v = &args[k];
@@ -594,6 +623,16 @@ class Renderer {
     scope_ = root_;
     install_globals();
   }
+  // Macros close over their defining scope, which holds them, and a namespace can hold itself
+  // (`set ns.me = ns`): reference cycles that would leak every render. Emptying the scopes and
+  // namespaces breaks them; no value outlives the renderer (render returns text).
+  ~Renderer() {
+    for (const auto& scope : closures_) scope->vars.clear();
+    for (const auto& ns : namespaces_) ns->entries.clear();
+    root_->vars.clear();
+  }
+  Renderer(const Renderer&) = delete;
+  Renderer& operator=(const Renderer&) = delete;
 
   std::string run(const Template& t) {
     std::string out;
@@ -613,6 +652,8 @@ class Renderer {
   }
 
   Flow exec(const Stmt& s) {
+    if (++steps_ > kMaxSteps)
+      type_error("the template ran more than " + std::to_string(kMaxSteps) + " steps (a loop that does not end?)");
     try {
       return exec_inner(s);
     } catch (TemplateError& e) {
@@ -623,8 +664,14 @@ class Renderer {
 
   Flow exec_inner(const Stmt& s) {
     switch (s.kind) {
-      case StmtKind::kText: *out_ += s.text; return Flow::kNormal;
-      case StmtKind::kOutput: *out_ += to_str(eval(*s.expr)); return Flow::kNormal;
+      case StmtKind::kText:
+        *out_ += s.text;
+        check_string_size(out_->size());
+        return Flow::kNormal;
+      case StmtKind::kOutput:
+        *out_ += to_str(eval(*s.expr));
+        check_string_size(out_->size());
+        return Flow::kNormal;
       case StmtKind::kIf:
         for (size_t k = 0; k < s.conds.size(); ++k) {
           if (truthy(eval(*s.conds[k]))) return exec(s.bodies[k]);
@@ -712,6 +759,8 @@ class Renderer {
     }
     const int64_t n = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < n; ++k) {
+      if (++steps_ > kMaxSteps)
+        type_error("the template ran more than " + std::to_string(kMaxSteps) + " steps (a loop that does not end?)");
       scope_ = std::make_shared<Scope>(Scope{{}, outer});
       assign(s.targets, s.tuple_target, items[k], scope_.get());
       scope_->vars["loop"] = make_loop(items, k);
@@ -748,6 +797,7 @@ class Renderer {
   // A macro (or a call block's `caller`) is a callable closing over the scope it was defined in.
   Value make_macro(const Stmt& s, const std::string& name) {
     std::shared_ptr<Scope> closure = scope_;
+    if (closures_.empty() || closures_.back() != closure) closures_.push_back(closure);
     const Stmt* def = &s;
     return Value::callable(name, [this, def, closure, name](Args& args, Kwargs& kwargs) {
       if (++depth_ > 256) type_error("macro recursion too deep in '" + name + "'");
@@ -871,7 +921,9 @@ class Renderer {
         if (!v.is_number()) type_error("bad operand type for unary " + e.name + ": '" + type_name(v) + "'");
         if (e.name == "+") return v.kind == Kind::kBool ? Value::integer(v.b) : v;
         if (v.kind == Kind::kFloat) return Value::real(-v.f);
-        return Value::integer(-(v.kind == Kind::kBool ? int64_t{v.b} : v.i));
+        const int64_t x = v.kind == Kind::kBool ? int64_t{v.b} : v.i;
+        if (x == INT64_MIN) checked(true, 0, "-");
+        return Value::integer(-x);
       }
       case ExprKind::kBinary: {
         if (e.name == "and") {
@@ -931,9 +983,22 @@ class Renderer {
       int64_t x = a.kind == Kind::kBool ? a.b : a.i, y = b.kind == Kind::kBool ? b.b : b.i;
       double fx = a.kind == Kind::kFloat ? a.f : static_cast<double>(x);
       double fy = b.kind == Kind::kFloat ? b.f : static_cast<double>(y);
-      if (op == "+") return ints ? Value::integer(x + y) : Value::real(fx + fy);
-      if (op == "-") return ints ? Value::integer(x - y) : Value::real(fx - fy);
-      if (op == "*") return ints ? Value::integer(x * y) : Value::real(fx * fy);
+      int64_t r = 0;
+      if (op == "+") {
+        if (!ints) return Value::real(fx + fy);
+        checked(__builtin_add_overflow(x, y, &r), 0, "+");
+        return Value::integer(r);
+      }
+      if (op == "-") {
+        if (!ints) return Value::real(fx - fy);
+        checked(__builtin_sub_overflow(x, y, &r), 0, "-");
+        return Value::integer(r);
+      }
+      if (op == "*") {
+        if (!ints) return Value::real(fx * fy);
+        checked(__builtin_mul_overflow(x, y, &r), 0, "*");
+        return Value::integer(r);
+      }
       if (op == "/") {
         if (fy == 0) type_error("division by zero");
         return Value::real(fx / fy);
@@ -941,7 +1006,9 @@ class Renderer {
       if (op == "//" || op == "%") {
         if (ints) {
           if (y == 0) type_error("integer division or modulo by zero");
-          int64_t q = x / y, r = x % y;
+          if (x == INT64_MIN && y == -1) checked(true, 0, op.c_str());
+          int64_t q = x / y;
+          r = x % y;
           if (r != 0 && ((r < 0) != (y < 0))) {
             --q;
             r += y;
@@ -953,10 +1020,13 @@ class Renderer {
         return Value::real(op == "//" ? q : fx - q * fy);
       }
       if (op == "**") {
-        if (ints && y >= 0) {
-          int64_t r = 1;
-          for (int64_t k = 0; k < y; ++k) r *= x;
-          return Value::integer(r);
+        if (ints && y >= 0) {  // by squaring: y can be 10**18
+          int64_t result = 1, base = x;
+          for (int64_t e = y; e > 0; e >>= 1) {
+            if (e & 1) checked(__builtin_mul_overflow(result, base, &result), 0, "**");
+            if (e > 1) checked(__builtin_mul_overflow(base, base, &base), 0, "**");
+          }
+          return Value::integer(result);
         }
         return Value::real(std::pow(fx, fy));
       }
@@ -976,6 +1046,10 @@ class Renderer {
       const Value& count = a.is_number() ? a : b;
       if (count.kind == Kind::kInt || count.kind == Kind::kBool) {
         int64_t n = std::max<int64_t>(0, count.kind == Kind::kBool ? count.b : count.i);
+        const size_t unit = seq.is_string() ? seq.s.size() : seq.is_sequence() ? seq.list->size() * sizeof(Value) : 0;
+        if (unit > 0 && static_cast<uint64_t>(n) > kMaxStringBytes / unit)
+          type_error("repeating " + std::to_string(unit) + " bytes " + std::to_string(n) + " times passes the " +
+                     std::to_string(kMaxStringBytes) + "-byte limit on template strings");
         if (seq.is_string()) {
           std::string out;
           for (int64_t k = 0; k < n; ++k) out += seq.s;
@@ -1153,7 +1227,8 @@ class Renderer {
       size_t dot = p.find('.', start);
       std::string part = p.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
       bool digits = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
-      cur = digits ? get_item(cur, Value::integer(std::stoll(part))) : get_item(cur, Value::string(part));
+      // a digit run too long for int64 indexes nothing, as a string key would
+      cur = digits && part.size() <= 18 ? get_item(cur, Value::integer(std::stoll(part))) : get_item(cur, Value::string(part));
       if (dot == std::string::npos) break;
       start = dot + 1;
     }
@@ -1172,7 +1247,9 @@ class Renderer {
       o.ensure_ascii = truthy(p.get(0, Value::boolean(false)));
       Value indent = p.get(1);
       if (!indent.is_none()) {
-        o.indent = static_cast<int>(to_int_arg(indent, "indent"));
+        const int64_t n = to_int_arg(indent, "indent");
+        if (n > 4096 || n < -4096) type_error("tojson indent " + std::to_string(n) + " is outside [-4096, 4096]");
+        o.indent = static_cast<int>(n);
         o.item_separator = ",";
       }
       Value sep = p.get(2);
@@ -1329,7 +1406,10 @@ class Renderer {
     }
     if (name == "abs") {
       if (v.kind == Kind::kFloat) return Value::real(std::fabs(v.f));
-      if (v.kind == Kind::kInt) return Value::integer(v.i < 0 ? -v.i : v.i);
+      if (v.kind == Kind::kInt) {
+        if (v.i == INT64_MIN) checked(true, 0, "abs");
+        return Value::integer(v.i < 0 ? -v.i : v.i);
+      }
       if (v.kind == Kind::kBool) return Value::integer(v.b);
       type_error("bad operand type for abs(): '" + type_name(v) + "'");
     }
@@ -1340,7 +1420,7 @@ class Renderer {
       if (v.is_undefined()) fail_undefined(v);
       if (v.kind == Kind::kInt) return v;
       if (v.kind == Kind::kBool) return Value::integer(v.b);
-      if (v.kind == Kind::kFloat) return std::isfinite(v.f) ? Value::integer(static_cast<int64_t>(v.f)) : def;
+      if (v.kind == Kind::kFloat) return std::isfinite(v.f) ? Value::integer(float_to_int(v.f)) : def;
       if (v.is_string()) {
         std::string s = strip_chars(v.s, Value::none(), true, true);
         try {
@@ -1352,7 +1432,7 @@ class Renderer {
         try {
           size_t used = 0;
           double x = std::stod(s, &used);
-          if (used == s.size() && std::isfinite(x)) return Value::integer(static_cast<int64_t>(x));
+          if (used == s.size() && std::isfinite(x)) return Value::integer(float_to_int(x));
         } catch (...) {
         }
       }
@@ -1396,7 +1476,9 @@ class Renderer {
     if (name == "indent") {
       Params p("indent", args, kw, {"width", "first", "blank"});
       Value width = p.get(0, Value::integer(4));
-      std::string pad = width.is_string() ? width.s : std::string(static_cast<size_t>(to_int_arg(width, "width")), ' ');
+      const int64_t columns = width.is_string() ? 0 : to_int_arg(width, "width");
+      check_string_size(static_cast<size_t>(std::max<int64_t>(columns, 0)));
+      std::string pad = width.is_string() ? width.s : std::string(static_cast<size_t>(std::max<int64_t>(columns, 0)), ' ');
       bool first = truthy(p.get(1, Value::boolean(false)));
       bool blank = truthy(p.get(2, Value::boolean(false)));
       Args none;
@@ -1554,14 +1636,16 @@ class Renderer {
       size_t n = std::strftime(buf, sizeof(buf), fmt.c_str(), &tm);
       return Value::string(std::string(buf, n));
     });
-    globals_["namespace"] = Value::callable("namespace", [](Args& args, Kwargs& kw) {
+    globals_["namespace"] = Value::callable("namespace", [this](Args& args, Kwargs& kw) {
       Dict d;
       for (const auto& a : args) {
         if (!a.is_mapping()) type_error("namespace() positional arguments must be mappings");
         for (const auto& [k, v] : a.dict->entries) d.set(k, v);
       }
       for (const auto& [k, v] : kw) d.set(k, v);
-      return Value::make_dict(std::move(d), Kind::kNamespace);
+      Value ns = Value::make_dict(std::move(d), Kind::kNamespace);
+      namespaces_.push_back(ns.dict);
+      return ns;
     });
     globals_["dict"] = Value::callable("dict", [](Args& args, Kwargs& kw) {
       Dict d;
@@ -1599,6 +1683,9 @@ class Renderer {
   std::unordered_map<std::string, Value> globals_;
   std::string* out_ = nullptr;
   int depth_ = 0;
+  int64_t steps_ = 0;  // exec() calls and loop iterations, against kMaxSteps
+  std::vector<std::shared_ptr<Scope>> closures_;  // scopes macros close over (~Renderer)
+  std::vector<std::shared_ptr<Dict>> namespaces_;  // every namespace() made (~Renderer)
 };
 
 }  // namespace
@@ -1626,6 +1713,8 @@ Result<std::string> ChatTemplate::render(const nlohmann::ordered_json& context) 
     return renderer.run(*template_);
   } catch (const TemplateError& e) {
     if (e.line > 0) return make_error("chat template error, line {}: {}", e.line, e.what());
+    return make_error("chat template error: {}", e.what());
+  } catch (const std::exception& e) {  // a library error (std::out_of_range, ...) is still a value
     return make_error("chat template error: {}", e.what());
   }
 }

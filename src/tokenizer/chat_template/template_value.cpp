@@ -166,6 +166,25 @@ std::string repr_string(const std::string& s) {
   return out;
 }
 
+// Values nest (messages in lists in dicts), and a namespace can hold itself (`set ns.me = ns`):
+// the recursive walks below (repr, tojson, comparison, from_json) stop at kMaxNesting levels with
+// an error instead of overflowing the stack. Python stops at its recursion limit (1000) or with
+// json's "Circular reference detected".
+constexpr int kMaxNesting = 256;
+thread_local int g_nesting = 0;
+struct Nested {
+  Nested() {
+    if (++g_nesting > kMaxNesting) {
+      --g_nesting;
+      throw TemplateError("value nested deeper than " + std::to_string(kMaxNesting) +
+                          " levels (or containing itself)");
+    }
+  }
+  ~Nested() { --g_nesting; }
+  Nested(const Nested&) = delete;
+  Nested& operator=(const Nested&) = delete;
+};
+
 std::string join_repr(const List& items) {
   std::string out;
   for (size_t k = 0; k < items.size(); ++k) {
@@ -195,6 +214,7 @@ std::string to_str(const Value& v) {
 }
 
 std::string to_repr(const Value& v) {
+  Nested nested;
   switch (v.kind) {
     case Kind::kUndefined: return "Undefined";
     case Kind::kNone: return "None";
@@ -224,6 +244,7 @@ int64_t as_int(const Value& v) { return v.kind == Kind::kInt ? v.i : v.b ? 1 : 0
 }  // namespace
 
 bool equals(const Value& a, const Value& b) {
+  Nested nested;
   if (a.is_number() && b.is_number()) {
     if (both_ints(a, b)) return as_int(a) == as_int(b);
     return as_double(a) == as_double(b);
@@ -256,6 +277,7 @@ bool equals(const Value& a, const Value& b) {
 }
 
 bool less_than(const Value& a, const Value& b) {
+  Nested nested;
   if (a.is_undefined()) fail_undefined(a);
   if (b.is_undefined()) fail_undefined(b);
   if (a.is_number() && b.is_number()) {
@@ -276,6 +298,7 @@ bool less_than(const Value& a, const Value& b) {
 }
 
 Value from_json(const nlohmann::ordered_json& j) {
+  Nested nested;
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return Value::none();
     case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
@@ -335,6 +358,7 @@ void json_string(const std::string& s, bool ensure_ascii, std::string* out) {
 }
 
 void json_value(const Value& v, const JsonOptions& o, int level, std::string* out) {
+  Nested nested;
   auto newline = [&](int lvl) {
     if (o.indent >= 0) *out += "\n" + std::string(static_cast<size_t>(o.indent * lvl), ' ');
   };
