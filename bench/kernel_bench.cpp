@@ -149,8 +149,8 @@ int main(int argc, char** argv) {
       for (const Shape& s : shapes) {
         Weights w = make_weights(dtype, s.N, s.K, kLlcSpan);
         // bf16 weights: T = 512 twice, accurate (x split into bf16 hi + lo, the default) and fast
-        // prefill (x rounded to bf16 once: cpu_avx512bf16::set_split_max_tokens). fp8 weights: x
-        // rounded to bf16 (W8A16, the default) and exact (split: set_fp8_exact_activations).
+        // prefill (x rounded to bf16 once: MatmulPrecision::split_max_tokens). fp8 weights: x
+        // rounded to bf16 (W8A16, the default) and exact (split: MatmulPrecision::fp8_split).
         struct Variant {
           int64_t T;
           bool fast, exact;
@@ -161,16 +161,13 @@ int main(int argc, char** argv) {
           const bool is_bf16_kernel = k->name == "cpu.matmul_avx512bf16";
           if ((fast || exact) && !is_bf16_kernel) continue;
           if (exact != (exact && fp8) || (fast && fp8)) continue;  // exact: fp8 only; fast = default for fp8
-          if (is_bf16_kernel) {
-            cpu_avx512bf16::set_split_max_tokens(fast ? 16 : std::numeric_limits<int64_t>::max());
-            cpu_avx512bf16::set_fp8_exact_activations(exact);
-          }
+          const MatmulPrecision precision{fast ? 16 : std::numeric_limits<int64_t>::max(), exact};
           std::vector<float> x(static_cast<size_t>(T * s.K)), y(static_cast<size_t>(T * s.N));
           for (float& v : x) v = dist(rng);
           if (threads == thread_counts.front() && T == 1) {  // correctness before speed
             std::vector<float> yr(y.size());
-            fn(x.data(), T, w.copies[0], y.data());
-            reinterpret_cast<MatmulFn>(ref->fn)(x.data(), T, w.copies[0], yr.data());
+            fn(x.data(), T, w.copies[0], y.data(), precision);
+            reinterpret_cast<MatmulFn>(ref->fn)(x.data(), T, w.copies[0], yr.data(), precision);
             const double err = max_norm_err(y, yr);
             if (err > 1e-2) {
               std::fprintf(stderr, "%s disagrees with the reference: normalized error %g\n", k->name.c_str(), err);
@@ -179,7 +176,7 @@ int main(int argc, char** argv) {
           }
           size_t c = 0;
           const double sec = time_per_call([&] {
-            fn(x.data(), T, w.copies[c], y.data());
+            fn(x.data(), T, w.copies[c], y.data(), precision);
             c = (c + 1) % w.copies.size();
           }, T == 1 ? 0.5 : 1.5);
           const std::string what = std::string("matmul ") + std::string(dtype_name(dtype)) + " " +
@@ -193,8 +190,6 @@ int main(int argc, char** argv) {
             rows.push_back({what, k->name, gflops, peak, 100 * gflops / peak, "GFLOPS"});
           }
         }
-        cpu_avx512bf16::set_split_max_tokens(std::numeric_limits<int64_t>::max());
-        cpu_avx512bf16::set_fp8_exact_activations(false);
       }
     }
 

@@ -35,7 +35,7 @@ struct Args {
   int threads = 1;
   int64_t prompt_tokens = 512;
   int64_t decode_tokens = 32;
-  bool exact = false;  // ops::set_exact_activations
+  bool exact = false;  // OpTable::set_exact_activations
   bool weights_in_memory = false;
   bool markdown = false;
 };

@@ -100,7 +100,7 @@ model_rows=$(model_benchmarks)
   echo "paging the guest cannot see); both are shown. prefill = bf16 peak / (2 x active params x 512 + absorbed"
   echo "attention FLOPs). k3-nano (16 MiB) fits in the caches, so its DRAM roofline is only indicative."
   echo "RSS ratio = peak RSS / (checkpoint + KV pool); weights are mmapped, not copied."
-  echo "\`default\` activations (ops::set_exact_activations): fp32-accurate where that is free (decode on"
+  echo "\`default\` activations (OpTable::set_exact_activations: per model): fp32-accurate where that is free (decode on"
   echo "bf16 weights: bf16 hi + lo, two dot products per weight vector, still bandwidth-bound), rounded"
   echo "to bf16 in prefill and against fp8 weights (W8A16), as GPU engines run them. \`exact\` rows"
   echo "(\`--exact\`, what the golden tests hold to 1e-3) keep every matmul fp32-accurate: prefill does"

@@ -17,7 +17,7 @@ struct ModelOptions {
   std::string backend = "cpu";
   int threads = 0;    // 0: all cores
   bool no_mmap = false;
-  bool exact = false;  // ops::set_exact_activations
+  bool exact = false;  // OpTable::set_exact_activations
   std::string kv_dtype = "bf16";
 
   std::string dir() const;

@@ -28,7 +28,7 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::filesystem
   MOAT_ASSIGN_OR_RETURN(ops::ModelOpNeeds needs, model_op_needs(model->config_, 1, options.kv_dtype));
   MOAT_ASSIGN_OR_RETURN(model->ops_, ops::OpTable::resolve(options.backend, needs));
   if (options.max_context <= 0) return make_error("max context must be > 0, got {}", options.max_context);
-  ops::set_exact_activations(options.exact_activations);
+  model->ops_.set_exact_activations(options.exact_activations);
   model->rope_ = build_rope_table(model->config_, options.max_context);
   model->softmax_scale_ = static_cast<float>(model->config_.softmax_scale());
   MOAT_TRY(model->load_weights());

@@ -13,11 +13,6 @@
 
 namespace moat::ops {
 
-void set_exact_activations(bool exact) {
-  cpu_avx512bf16::set_split_max_tokens(exact ? std::numeric_limits<int64_t>::max() : 16);
-  cpu_avx512bf16::set_fp8_exact_activations(exact);
-}
-
 Result<Backend> parse_backend(std::string_view name) {
   for (int i = 0; i < static_cast<int>(kBackendNames.size()); ++i)
     if (kBackendNames[i] == name) return static_cast<Backend>(i);

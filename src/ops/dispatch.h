@@ -47,8 +47,13 @@ class OpTable {
   void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y) const {
     MatmulFn fn = matmul_[static_cast<int>(w.dtype)];
     MOAT_CHECK(fn != nullptr, "matmul for {} was not resolved at load time", dtype_name(w.dtype));
-    fn(x, T, w, y);
+    fn(x, T, w, y, precision_);
   }
+  // Default: fp32-accurate activations only where free (decode on bf16 weights); bf16 in prefill
+  // and against fp8 weights (W8A16), as GPU engines run. Exact: fp32-accurate everywhere, what the
+  // golden tests hold to 1e-3 against the reference; ~2x the prefill time, ~1.3x fp8 decode.
+  void set_exact_activations(bool exact) { precision_ = exact ? MatmulPrecision::exact() : MatmulPrecision{}; }
+  const MatmulPrecision& matmul_precision() const { return precision_; }
   void rms_norm(const float* x, const float* w, int64_t T, int64_t dim, float eps, float* y) const {
     rms_norm_(x, w, T, dim, eps, y);
   }
@@ -74,6 +79,7 @@ class OpTable {
 
  private:
   Backend backend_ = Backend::reference;
+  MatmulPrecision precision_;
   std::vector<ResolvedOp> resolved_;
   EmbeddingFn embedding_ = nullptr;
   std::array<MatmulFn, 16> matmul_{};
@@ -92,17 +98,6 @@ class OpTable {
   SampleFromProbsFn sample_ = nullptr;
   ArgmaxFn argmax_ = nullptr;
 };
-
-// Precision of matmul activations on CPUs with AVX-512 BF16 (process-wide).
-// Default: fp32-accurate (bf16 hi + lo, two dot products per weight vector) only where that is
-// free, i.e. decode-sized calls (<= 16 tokens) on bf16 weights, which are bandwidth-bound.
-// Prefill calls and every call on fp8 weights round activations to bf16 once, as GPU engines
-// do (bf16 activations; W8A16 for fp8): twice the prefill rate, fp8 decode bandwidth-bound
-// instead of compute-bound, ~4e-3 normalized error per matmul (for fp8, 1/32 of the weights'
-// own e4m3 rounding).
-// Exact: fp32-accurate everywhere, what the golden tests hold to 1e-3 against the reference;
-// ~2x the prefill time, ~1.3x the fp8 decode time.
-void set_exact_activations(bool exact);
 
 // Parses "reference" / "cpu" / "cuda".
 Result<Backend> parse_backend(std::string_view name);

@@ -13,8 +13,22 @@ namespace moat::ops {
 // out[T, hidden]; table [vocab, hidden] (a WeightMatrix, never fp8)
 using EmbeddingFn = void (*)(const WeightMatrix& table, const int32_t* ids, int64_t T, float* out);
 
+// How a matmul treats its fp32 activations. Only kernels that multiply in bf16 (the AVX-512 BF16
+// CPU kernel) look at it; the others are fp32-accurate always. Owned by an OpTable, so a draft and
+// a target model in one process can differ.
+struct MatmulPrecision {
+  // Calls of at most this many tokens split x into bf16 hi + lo (two dot products per weight
+  // vector, as accurate as fp32 FMAs); larger calls round x to bf16 once (prefill: twice the rate,
+  // ~4e-3 normalized error). Decode-sized calls (<= 16) always split: it is free there.
+  int64_t split_max_tokens = 16;
+  // fp8 weights split too (exact) instead of rounding x to bf16 (W8A16, the default).
+  bool fp8_split = false;
+
+  static MatmulPrecision exact() { return {INT64_MAX, true}; }
+};
+
 // y[T, out] = x[T, in] . W^T. W streams from memory once for all T rows.
-using MatmulFn = void (*)(const float* x, int64_t T, const WeightMatrix& w, float* y);
+using MatmulFn = void (*)(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision);
 
 // y[T, dim] (may alias x)
 using RmsNormFn = void (*)(const float* x, const float* weight, int64_t T, int64_t dim, float eps,

@@ -109,13 +109,13 @@ TEST_F(CudaOps, Matmul) {
         WeightMatrix hw{.dtype = dtype, .data = bytes.data(), .out_features = N, .in_features = K,
                         .scale_inv = dtype == DType::F8_E4M3 ? scales.data() : nullptr};
         std::vector<float> ref(T * N);
-        ref_fn<MatmulFn>(OpId::matmul)(x.data(), T, hw, ref.data());
+        ref_fn<MatmulFn>(OpId::matmul)(x.data(), T, hw, ref.data(), MatmulPrecision::exact());
         Dev<uint8_t> dbytes(bytes);
         Dev<float> dscales(scales), dx(x), dy(std::vector<float>(T * N));
         WeightMatrix dw = hw;
         dw.data = dbytes.p;
         dw.scale_inv = dtype == DType::F8_E4M3 ? dscales.p : nullptr;
-        cuda_fn<MatmulFn>(OpId::matmul)(dx.p, T, dw, dy.p);
+        cuda_fn<MatmulFn>(OpId::matmul)(dx.p, T, dw, dy.p, MatmulPrecision::exact());
         EXPECT_LE(normalized_error(dy.host(), ref), dtype == DType::F32 ? 1e-4 : kBf16)
             << dtype_name(dtype) << " N=" << N << " K=" << K << " T=" << T;
       }

@@ -160,22 +160,16 @@ TEST(OpsMatmul, EveryHostKernelMatchesReference) {
       for (int64_t T : {1, 2, 3, 4, 5, 17}) {
         const auto x = randn(static_cast<size_t>(T * s.K), rng);
         std::vector<float> ref(static_cast<size_t>(T * s.N));
-        fn_of<MatmulFn>(kernels[0])(x.data(), T, tw.w, ref.data());
+        fn_of<MatmulFn>(kernels[0])(x.data(), T, tw.w, ref.data(), MatmulPrecision::exact());
         for (const KernelEntry* k : kernels)
           for (int64_t split_max : {std::numeric_limits<int64_t>::max(), int64_t{16}})  // accurate, fast prefill
             for (bool fp8_exact : {false, true}) {
-              if (k->name == "cpu.matmul_avx512bf16") {
-                cpu_avx512bf16::set_split_max_tokens(split_max);
-                cpu_avx512bf16::set_fp8_exact_activations(fp8_exact);
-              }
               std::vector<float> out(ref.size(), NAN);
-              fn_of<MatmulFn>(k)(x.data(), T, tw.w, out.data());
+              fn_of<MatmulFn>(k)(x.data(), T, tw.w, out.data(), MatmulPrecision{split_max, fp8_exact});
               EXPECT_LE(normalized_error(out, ref), matmul_tolerance(k, dtype, T, split_max, fp8_exact))
                   << k->name << " " << dtype_name(dtype) << " N=" << s.N << " K=" << s.K << " T=" << T
                   << " split_max=" << split_max << " fp8_exact=" << fp8_exact;
             }
-        cpu_avx512bf16::set_split_max_tokens(std::numeric_limits<int64_t>::max());
-        cpu_avx512bf16::set_fp8_exact_activations(false);
       }
     }
   }

@@ -8,19 +8,15 @@ namespace moat::ops {
 
 // AVX-512 BF16 matmul for bf16 / f16 / fp8-block weights (matmul_avx512bf16.cpp).
 namespace cpu_avx512bf16 {
-void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y);
-// Calls with more than max_tokens tokens round the activations to bf16 once (prefill, normalized
-// error ~4e-3) instead of splitting them into bf16 hi + lo (fp32-accurate). Default 16, the
-// minimum: decode-sized calls always split (free there). ops::set_exact_activations sets both.
-void set_split_max_tokens(int64_t max_tokens);
-// fp8 weights: activations are rounded to bf16 (W8A16, default) or split hi + lo like bf16
-// weights (exact: as accurate as fp32 FMAs on the dequantized weights, ~1.5x the decode time).
-void set_fp8_exact_activations(bool exact);
+// precision (kernel_types.h): calls of more than split_max_tokens tokens round the activations to
+// bf16 once (prefill, normalized error ~4e-3) instead of splitting them into bf16 hi + lo
+// (fp32-accurate); fp8 weights round them (W8A16) unless fp8_split.
+void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision);
 }
 
 // The portable-vector kernels (cpu_generic.inc), one copy per ISA.
 #define MOAT_CPU_GENERIC_DECLS                                                          \
-  void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y);              \
+  void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision); \
   void embedding(const WeightMatrix& table, const int32_t* ids, int64_t T, float* out); \
   void rms_norm(const float* x, const float* weight, int64_t T, int64_t dim, float eps, float* y); \
   void rope(const RopeArgs& args);                                                       \

@@ -4,7 +4,7 @@
 //
 // - The fp32 activations are converted to bf16 once per call (x_bf16: [T, Kp], Kp = K rounded up
 //   to 64, zero padded), so the inner loop is vdpbf16ps (fp32 accumulate). Calls of at most
-//   set_split_max_tokens(n) tokens (default 16: decode) split x into bf16 hi + lo and each weight
+//   MatmulPrecision::split_max_tokens (default 16: decode) split x into bf16 hi + lo and each weight
 //   vector takes two dot products: as accurate as fp32 FMAs, and free when bandwidth-bound.
 //   Longer calls (prefill, compute-bound) round x to bf16 once: twice the dot-product rate,
 //   normalized error ~4e-3. n = max keeps every call exact (the golden tests, at 1e-3).
@@ -16,7 +16,7 @@
 //   four dot products instead of two makes the decode GEMV compute-bound at ~65% of the memory
 //   bandwidth on a Sapphire Rapids core, against ~85-90% with two. The error this adds (2^-9
 //   relative per activation) is 1/32 of the weights' own e4m3 rounding (2^-4).
-//   set_fp8_exact_activations(true) restores the split (fp32-accurate on the dequantized weights).
+//   MatmulPrecision::fp8_split restores the split (fp32-accurate on the dequantized weights).
 //   Decode (T <= 4) decodes weights in registers and multiplies each 128x128 block's scale into
 //   its fp32 partial sum; prefill (and f16 always) dequantizes a chunk of rows once to bf16
 //   (scale folded in, one more bf16 rounding) and reuses it for every token.
@@ -25,7 +25,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -45,8 +44,6 @@ namespace {
 
 constexpr int64_t kChunkBytes = 128 * 1024;  // weight rows kept in L2 while tokens sweep them
 constexpr int64_t kMinSplitTokens = 16;      // decode-sized calls always take the accurate path
-std::atomic<int64_t> g_split_max_tokens{kMinSplitTokens};  // ops::set_exact_activations(false)
-std::atomic<bool> g_fp8_exact{false};
 
 inline __mmask32 tail_mask(int64_t n) { return n >= 32 ? ~0u : static_cast<__mmask32>((1u << n) - 1u); }
 
@@ -415,25 +412,18 @@ void dequantize_rows(const WeightMatrix& w, int64_t n0, int64_t rows, int64_t k0
 
 }  // namespace
 
-void set_fp8_exact_activations(bool exact) { g_fp8_exact.store(exact, std::memory_order_relaxed); }
-
-void set_split_max_tokens(int64_t max_tokens) {
-  g_split_max_tokens.store(std::max<int64_t>(max_tokens, kMinSplitTokens), std::memory_order_relaxed);
-}
-
-void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y) {
+void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision) {
   const int64_t N = w.out_features, K = w.in_features;
   const int64_t Kp = (K + 63) / 64 * 64;  // x rows padded with zeros to whole 64-blocks
   MOAT_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F16 || w.dtype == DType::F8_E4M3,
              "cpu.matmul_avx512bf16: weight dtype {}", dtype_name(w.dtype));
   MOAT_CHECK(w.dtype != DType::F8_E4M3 || w.block_in % 64 == 0,
              "cpu.matmul_avx512bf16: fp8 block_in {} must be a multiple of 64", w.block_in);
-  // x is split into bf16 hi + lo (as accurate as fp32 FMAs) unless T exceeds the fast-prefill
-  // threshold (set_split_max_tokens), where it is rounded to bf16 once for twice the rate.
-  // fp8 weights round x to bf16 at every T unless set_fp8_exact_activations(true): see there.
+  // x is split into bf16 hi + lo (as accurate as fp32 FMAs) unless T exceeds the precision's
+  // split threshold (never below decode size), where it is rounded to bf16 once for twice the
+  // rate. fp8 weights round x to bf16 at every T (W8A16) unless the precision splits them too.
   const bool fp8 = w.dtype == DType::F8_E4M3;
-  const bool split = T <= g_split_max_tokens.load(std::memory_order_relaxed) &&
-                     (!fp8 || g_fp8_exact.load(std::memory_order_relaxed));
+  const bool split = T <= std::max(precision.split_max_tokens, kMinSplitTokens) && (!fp8 || precision.fp8_split);
   thread_local std::vector<uint16_t> xb_buf;  // [T, Kp] hi, then [T, Kp] lo when split
   xb_buf.resize(static_cast<size_t>((split ? 2 : 1) * T * Kp));
   convert_x(x, T, K, Kp, xb_buf.data(), split ? xb_buf.data() + T * Kp : nullptr);

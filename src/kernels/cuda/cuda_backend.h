@@ -32,7 +32,7 @@ void synchronize();
 
 // The kernels, one per op (signatures of kernel_types.h, device pointers).
 void embedding(const WeightMatrix& table, const int32_t* ids, int64_t T, float* out);
-void matmul_cublas(const float* x, int64_t T, const WeightMatrix& w, float* y);
+void matmul_cublas(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision);
 void rms_norm(const float* x, const float* weight, int64_t T, int64_t dim, float eps, float* y);
 void rope(const RopeArgs& args);
 void silu_mul(const float* gate, const float* up, int64_t T, int64_t n, float* y);

@@ -587,7 +587,7 @@ void embedding(const WeightMatrix& table, const int32_t* ids, int64_t T, float* 
   LAUNCH_CHECK();
 }
 
-void matmul_cublas(const float* x, int64_t T, const WeightMatrix& w, float* y) {
+void matmul_cublas(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision&) {
   if (T == 0) return;
   const int64_t N = w.out_features, K = w.in_features;
   const float alpha = 1.0f, beta = 0.0f;

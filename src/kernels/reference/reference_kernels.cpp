@@ -23,7 +23,7 @@ void embedding_ref(const WeightMatrix& table, const int32_t* ids, int64_t T, flo
   }
 }
 
-void matmul_ref(const float* x, int64_t T, const WeightMatrix& w, float* y) {
+void matmul_ref(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision&) {
   const int64_t K = w.in_features, N = w.out_features;
   std::vector<float> row(static_cast<size_t>(K));
   for (int64_t n = 0; n < N; ++n) {
