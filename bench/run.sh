@@ -51,6 +51,25 @@ model_benchmarks() {
 }
 model_rows=$(model_benchmarks)
 
+# Serving throughput through the engine core (bench/engine_bench.cpp): closed loop at each
+# concurrency, prompt 128 + output 64 tokens, next to the decode-step roofline of that batch.
+ENGINE_MODELS=${ENGINE_MODELS:-checkpoints/bench}
+ENGINE_THREADS=${ENGINE_THREADS:-2}
+ENGINE_CONCURRENCY=${ENGINE_CONCURRENCY:-1,4,16,64}
+cmake --build "$BUILD_DIR" --target engine_bench -j2 >/dev/null
+engine_benchmarks() {
+  echo "| model | threads | concurrency | requests | output tok/s | tok/s per stream | TTFT p50 / p99 ms | ITL p50 / p99 ms | step roofline tok/s | % |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
+  for model in $ENGINE_MODELS; do
+    if [[ ! -f "$model/config.json" ]]; then
+      echo "| $model | - | - | - | not generated on this machine (see bench/run.sh) | | | | | |"
+      continue
+    fi
+    "$BUILD_DIR/engine_bench" --model "$model" --threads "$ENGINE_THREADS" --concurrency "$ENGINE_CONCURRENCY" --markdown
+  done
+}
+engine_rows=$(engine_benchmarks)
+
 {
   echo "# Benchmarks"
   echo
@@ -112,5 +131,18 @@ model_rows=$(model_benchmarks)
   echo "anonymous huge-page memory (\`--no-mmap\`): the same RSS."
   echo
   echo "$model_rows"
+  echo
+  echo "## Serving throughput (engine core, no HTTP)"
+  echo
+  echo "bench/engine_bench: random prompts of 128 tokens, 64 greedy output tokens each, two requests per"
+  echo "stream, closed loop (a finished request is replaced at once, so new prompts keep arriving while"
+  echo "the others decode: chunked prefill under load). TTFT and ITL are measured at step granularity."
+  echo "Step roofline: a decode step of B streams reads every weight outside the routed experts once, the"
+  echo "experts its B tokens touch (E x (1 - (1 - k/E)^B) per MoE layer: random weights route uniformly),"
+  echo "and each stream's latent cache; it does B tokens' FLOPs; its time is the larger of bytes / bandwidth"
+  echo "and FLOPs / bf16 peak (both probed in the same process), and the roofline is B / that time. Prefill"
+  echo "steps of the arriving prompts share the time, so the % understates decode efficiency at high load."
+  echo
+  echo "$engine_rows"
 } > "$OUT"
 echo "wrote $OUT"
