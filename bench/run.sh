@@ -113,7 +113,7 @@ engine_rows=$(engine_benchmarks)
   echo
   echo "One stream, greedy, random prompt of 512 tokens then 32 decode steps."
   echo "Rooflines are measured inside each row's process: decode = bandwidth / (active weight bytes +"
-  echo "fp32 latent cache read per token), the bandwidth of summing the weights' own memory (every file's"
+  echo "bf16 latent cache read per token), the bandwidth of summing the weights' own memory (every file's"
   echo "mapping, or the --no-mmap copy). On this VM that differs run to run by where the memory landed:"
   echo "a fully 2 MiB-mapped page-cache file has read at 11 GB/s while a fresh buffer read at 16 GB/s (host"
   echo "paging the guest cannot see); both are shown. prefill = bf16 peak / (2 x active params x 512 + absorbed"
