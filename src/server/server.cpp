@@ -350,6 +350,9 @@ struct OpenAIServer::Generation {
         return false;
       }
     }
+    // Recorded before the last bytes go out, so a client that reads /metrics after its
+    // response sees the response counted.
+    server->record_metrics(this);
     if (!write(stream_close())) return false;
     sink.done();
     return true;
@@ -370,6 +373,7 @@ struct OpenAIServer::Generation {
       }
     }
     const std::string body = final_body();
+    server->record_metrics(this);
     if (!sink.write(body.data(), body.size())) {
       client_gone = true;
       return false;
@@ -444,6 +448,15 @@ void OpenAIServer::on_generation_end(Generation* g) {
     g->client_gone = true;
     g->abort_unfinished();
   }
+  record_metrics(g);
+  {
+    std::lock_guard lock(mu_);
+    in_flight_.erase(g);
+  }
+  idle_.notify_all();
+}
+
+void OpenAIServer::record_metrics(Generation* g) {
   if (!g->recorded) {
     g->recorded = true;
     for (const Choice& c : g->choices) {
@@ -459,11 +472,6 @@ void OpenAIServer::on_generation_end(Generation* g) {
       metrics_.record(f);
     }
   }
-  {
-    std::lock_guard lock(mu_);
-    in_flight_.erase(g);
-  }
-  idle_.notify_all();
 }
 
 void OpenAIServer::routes() {

@@ -91,6 +91,7 @@ class OpenAIServer {
  private:
   void routes();
   void on_generation_end(Generation* g);
+  void record_metrics(Generation* g);  // once per response
 
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;

@@ -712,7 +712,15 @@ TEST(Server, MetricsParseAndMove) {
                            "moat:prompt_tokens_total", "moat:generation_tokens_total"})
     EXPECT_GE(metric_value(after, name + label), 0) << name;
   EXPECT_GT(metric_value(after, "moat:kv_cache_blocks_total" + label), 0);
-  EXPECT_GE(metric_value(after, "moat:generation_tokens_total" + label),
+  // The engine's counters are published after the step that produced the last token, which
+  // may be a moment after the client has its response.
+  std::string later = after;
+  for (int i = 0; i < 600 && metric_value(later, "moat:generation_tokens_total" + label) <
+                                  metric_value(before, "moat:generation_tokens_total" + label) + 3; ++i) {
+    std::this_thread::sleep_for(100ms);
+    later = metrics_text(s);
+  }
+  EXPECT_GE(metric_value(later, "moat:generation_tokens_total" + label),
             metric_value(before, "moat:generation_tokens_total" + label) + 3);
   EXPECT_GT(metric_value(after, "moat:prompt_tokens_total" + label), metric_value(before, "moat:prompt_tokens_total" + label));
   EXPECT_EQ(metric_value(after, "moat:time_to_first_token_seconds_count" + label),
