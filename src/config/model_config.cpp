@@ -6,7 +6,10 @@
 // the 671B shapes only turns a broken config into a confusing shape error at load time.
 #include "config/model_config.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <utility>
 #include <fstream>
 #include <sstream>
 
@@ -102,6 +105,8 @@ std::string type_name(const json& v) { return v.type_name(); }
 Status read_int(const json& obj, const char* key, int64_t* out, const char* where = "") {
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return ok_status();
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    return make_error("config field '{}{}': {} does not fit in a 64-bit integer", where, key, it->dump());
   if (it->is_number_integer() || it->is_number_unsigned()) {
     *out = it->get<int64_t>();
     return ok_status();
@@ -228,9 +233,47 @@ Result<DType> parse_torch_dtype(const std::string& s) {
       s);
 }
 
+// Upper bounds no real checkpoint comes near (DeepSeek-V3: vocab 129280, hidden 7168, 61
+// layers, 128 heads, 256 experts, 163840 positions), so that an absurd value is refused here
+// instead of becoming a multi-terabyte allocation or an int64 overflow in a product of sizes.
+constexpr int64_t kMaxVocab = int64_t{1} << 24;      // token ids are int32, tables per id
+constexpr int64_t kMaxWidth = int64_t{1} << 20;      // any hidden / intermediate / rank / head dim
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxHeads = 16384;
+constexpr int64_t kMaxExperts = 65536;
+constexpr int64_t kMaxPositions = int64_t{1} << 24;  // RoPE tables are sized by it
+constexpr double kMaxParameters = 1e14;              // 35x the largest model in data/models.json
+
+// Parameters the config describes (embeddings, attention, dense or MoE MLP per layer), in double
+// so that no product of sizes can overflow.
+double parameter_count(const ModelConfig& c) {
+  const double h = static_cast<double>(c.hidden_size);
+  const double heads = static_cast<double>(c.num_attention_heads);
+  const double qk = static_cast<double>(c.qk_head_dim());
+  const double q = c.q_lora_rank ? h * *c.q_lora_rank + *c.q_lora_rank * heads * qk : h * heads * qk;
+  const double kv = h * static_cast<double>(c.kv_cache_dim()) +
+                    static_cast<double>(c.kv_lora_rank) * heads * static_cast<double>(c.qk_nope_head_dim + c.v_head_dim);
+  const double attention = q + kv + heads * static_cast<double>(c.v_head_dim) * h;
+  const double dense = 3 * h * static_cast<double>(c.intermediate_size);
+  const double moe = 3 * h * static_cast<double>(c.moe_intermediate_size) *
+                         static_cast<double>(c.n_routed_experts + c.n_shared_experts) +
+                     h * static_cast<double>(c.n_routed_experts);
+  const double layers = static_cast<double>(c.num_hidden_layers + c.num_nextn_predict_layers);
+  return 2 * static_cast<double>(c.vocab_size) * h + layers * (attention + std::max(dense, moe));
+}
+
 Status validate(const ModelConfig& c) {
   auto positive = [](const char* field, int64_t v) -> Status {
     if (v <= 0) return make_error("config field '{}': expected > 0, got {}", field, v);
+    return ok_status();
+  };
+  auto at_most = [](const char* field, int64_t v, int64_t limit) -> Status {
+    if (v > limit)
+      return make_error("config field '{}': {} is beyond any real model (at most {})", field, v, limit);
+    return ok_status();
+  };
+  auto finite = [](const char* field, double v) -> Status {
+    if (!std::isfinite(v)) return make_error("config field '{}': expected a finite number, got {}", field, v);
     return ok_status();
   };
   auto non_negative = [](const char* field, int64_t v) -> Status {
@@ -253,10 +296,49 @@ Status validate(const ModelConfig& c) {
                       c.qk_rope_head_dim);
   MOAT_TRY(positive("v_head_dim", c.v_head_dim));
   MOAT_TRY(positive("max_position_embeddings", c.max_position_embeddings));
-  if (!(c.rope_theta > 0))
-    return make_error("config field 'rope_theta': expected > 0, got {}", c.rope_theta);
+  MOAT_TRY(finite("rope_theta", c.rope_theta));
+  MOAT_TRY(finite("rms_norm_eps", c.rms_norm_eps));
+  MOAT_TRY(finite("routed_scaling_factor", c.routed_scaling_factor));
+  // RoPE's frequencies are theta^(-2i/d), and YaRN divides by ln(theta): theta must exceed 1.
+  if (!(c.rope_theta > 1))
+    return make_error("config field 'rope_theta': expected > 1, got {}", c.rope_theta);
   if (!(c.rms_norm_eps > 0))
     return make_error("config field 'rms_norm_eps': expected > 0, got {}", c.rms_norm_eps);
+  if (c.rope_scaling) {
+    const RopeScaling& r = *c.rope_scaling;
+    MOAT_TRY(finite("rope_scaling.factor", r.factor));
+    MOAT_TRY(finite("rope_scaling.mscale", r.mscale));
+    MOAT_TRY(finite("rope_scaling.mscale_all_dim", r.mscale_all_dim));
+    // YaRN takes ln(beta): both must be positive
+    if (!(r.beta_fast > 0) || !std::isfinite(r.beta_fast))
+      return make_error("config field 'rope_scaling.beta_fast': expected a finite number > 0, got {}", r.beta_fast);
+    if (!(r.beta_slow > 0) || !std::isfinite(r.beta_slow))
+      return make_error("config field 'rope_scaling.beta_slow': expected a finite number > 0, got {}", r.beta_slow);
+    MOAT_TRY(at_most("rope_scaling.original_max_position_embeddings", r.original_max_position_embeddings,
+                     kMaxPositions));
+  }
+
+  MOAT_TRY(at_most("vocab_size", c.vocab_size, kMaxVocab));
+  MOAT_TRY(at_most("num_hidden_layers", c.num_hidden_layers, kMaxLayers));
+  MOAT_TRY(at_most("num_nextn_predict_layers", c.num_nextn_predict_layers, kMaxLayers));
+  MOAT_TRY(at_most("num_attention_heads", c.num_attention_heads, kMaxHeads));
+  MOAT_TRY(at_most("num_key_value_heads", c.num_key_value_heads, kMaxHeads));
+  MOAT_TRY(at_most("max_position_embeddings", c.max_position_embeddings, kMaxPositions));
+  for (const auto& [field, v] : {std::pair<const char*, int64_t>{"hidden_size", c.hidden_size},
+                                 {"intermediate_size", c.intermediate_size},
+                                 {"moe_intermediate_size", c.moe_intermediate_size},
+                                 {"q_lora_rank", c.q_lora_rank.value_or(0)},
+                                 {"kv_lora_rank", c.kv_lora_rank},
+                                 {"qk_nope_head_dim", c.qk_nope_head_dim},
+                                 {"qk_rope_head_dim", c.qk_rope_head_dim},
+                                 {"v_head_dim", c.v_head_dim}})
+    MOAT_TRY(at_most(field, v, kMaxWidth));
+  MOAT_TRY(at_most("n_routed_experts", c.n_routed_experts, kMaxExperts));
+  MOAT_TRY(at_most("n_shared_experts", c.n_shared_experts, kMaxExperts));
+  if (c.quantization) {
+    MOAT_TRY(at_most("quantization_config.weight_block_size[0]", c.quantization->block_out, kMaxWidth));
+    MOAT_TRY(at_most("quantization_config.weight_block_size[1]", c.quantization->block_in, kMaxWidth));
+  }
 
   if (c.topk_method != "noaux_tc" && c.topk_method != "greedy" &&
       c.topk_method != "group_limited_greedy")
@@ -304,6 +386,12 @@ Status validate(const ModelConfig& c) {
                           c.topk_method, reachable, c.num_experts_per_tok);
     }
   }
+  if (const double n = parameter_count(c); n > kMaxParameters)
+    return make_error("config: the sizes describe {:.3g} parameters, over {:.0e}: a size field is wrong "
+                      "(hidden_size {}, num_hidden_layers {}, vocab_size {}, n_routed_experts {}, "
+                      "moe_intermediate_size {}, intermediate_size {})",
+                      n, kMaxParameters, c.hidden_size, c.num_hidden_layers, c.vocab_size, c.n_routed_experts,
+                      c.moe_intermediate_size, c.intermediate_size);
   return ok_status();
 }
 
@@ -460,6 +548,15 @@ Result<ModelConfig> parse_model_config(const nlohmann::json& j) {
   }
 
   MOAT_TRY(validate(c));
+  // Ids the file gives must name a token (the family defaults are left alone: V2's 100000 and
+  // 100001 are meant for its own vocabulary).
+  if (j.contains("bos_token_id") && c.bos_token_id && (*c.bos_token_id < 0 || *c.bos_token_id >= c.vocab_size))
+    return make_error("config field 'bos_token_id': expected an id in [0, vocab_size {}), got {}", c.vocab_size,
+                      *c.bos_token_id);
+  for (int64_t id : c.eos_token_ids)
+    if (j.contains("eos_token_id") && (id < 0 || id >= c.vocab_size))
+      return make_error("config field 'eos_token_id': expected ids in [0, vocab_size {}), got {}", c.vocab_size,
+                        j["eos_token_id"].dump());
   return c;
 }
 
