@@ -12,6 +12,7 @@
 #include "cli/command.h"
 #include "config/model_config.h"
 #include "models/op_needs.h"
+#include "models/registry.h"
 #include "ops/dispatch.h"
 #include "ops/ops_table.h"
 
@@ -70,6 +71,11 @@ int run_doctor(const DoctorArgs& a) {
     fmt::print(stderr, "error: {}\n", config.error().message);
     return 1;
   }
+  auto spec = weight_spec_for(*config);
+  if (!spec) {
+    fmt::print(stderr, "error: {}: {}\n", dir, spec.error().message);
+    return 1;
+  }
   auto needs = model_op_needs(*config, a.tp);
   if (!needs) {
     fmt::print(stderr, "error: --tp {}: {}\n", a.tp, needs.error().message);
@@ -78,6 +84,14 @@ int run_doctor(const DoctorArgs& a) {
   fmt::print("model {} ({}), backend {}, tp {}: {} heads per rank, attention head dim {}, {} experts (top {})\n", dir,
              config->architecture, a.backend, a.tp, needs->heads_per_rank, needs->attention_head_dim,
              needs->num_experts, needs->top_k);
+  int64_t params = 0, dense = 0, moe = 0;
+  for (const TensorSpec& t : spec->tensors) params += t.numel();
+  for (const LayerSpec& l : spec->layers) ++(l.ffn == FfnKind::moe ? moe : dense);
+  fmt::print("weights: {} tensors, {:.1f}M parameters; {} MLA layers: {} dense MLP, {} MoE{}\n", spec->tensors.size(),
+             static_cast<double>(params) / 1e6, spec->layers.size(), dense, moe,
+             config->num_nextn_predict_layers > 0
+                 ? fmt::format(" ({} MTP layers in the checkpoint, not run)", config->num_nextn_predict_layers)
+                 : "");
   fmt::print("backend {}: {}\n\n", a.backend, ops::backend_hardware_status(*backend));
   int unsupported = 0;
   for (const ops::ResolvedOp& r : ops::OpTable::plan(*backend, *needs)) {

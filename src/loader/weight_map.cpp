@@ -3,11 +3,11 @@
 #include <cstring>
 #include <filesystem>
 
+#include "base/check.h"
+
 namespace moat {
 
 namespace {
-
-using Kind = ExpectedTensor::Kind;
 
 std::string file_of(const TensorInfo& t) {
   return std::filesystem::path(t.file).filename().string();
@@ -18,7 +18,8 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 bool is_float_dtype(DType d) { return d == DType::BF16 || d == DType::F16 || d == DType::F32; }
 
 Result<const TensorInfo*> find_with_shape(const Checkpoint& ckpt, const std::string& name,
-                                          const std::vector<int64_t>& shape) {
+                                          std::span<const int64_t> shape_span) {
+  const std::vector<int64_t> shape(shape_span.begin(), shape_span.end());
   const TensorInfo* t = ckpt.find(name);
   if (!t)
     return make_error("{}: missing from the checkpoint (expected shape {})", name,
@@ -31,7 +32,8 @@ Result<const TensorInfo*> find_with_shape(const Checkpoint& ckpt, const std::str
 
 Result<WeightMatrix> matrix(const Checkpoint& ckpt, const std::string& name, int64_t out,
                             int64_t in, const ModelConfig& config, bool allow_fp8) {
-  MOAT_ASSIGN_OR_RETURN(const TensorInfo* t, find_with_shape(ckpt, name, {out, in}));
+  const int64_t shape[2] = {out, in};
+  MOAT_ASSIGN_OR_RETURN(const TensorInfo* t, find_with_shape(ckpt, name, shape));
   WeightMatrix w;
   w.dtype = t->dtype;
   w.data = t->data;
@@ -66,7 +68,8 @@ Result<WeightMatrix> matrix(const Checkpoint& ckpt, const std::string& name, int
 }
 
 Status check_vector(const Checkpoint& ckpt, const std::string& name, int64_t n) {
-  MOAT_ASSIGN_OR_RETURN(const TensorInfo* t, find_with_shape(ckpt, name, {n}));
+  const int64_t shape[1] = {n};
+  MOAT_ASSIGN_OR_RETURN(const TensorInfo* t, find_with_shape(ckpt, name, shape));
   if (!is_float_dtype(t->dtype))
     return make_error("{}: expected dtype BF16, F16 or F32, got {} (in {})", name,
                       dtype_name(t->dtype), file_of(*t));
@@ -75,68 +78,9 @@ Status check_vector(const Checkpoint& ckpt, const std::string& name, int64_t n) 
 
 }  // namespace
 
-std::string layer_tensor_name(int64_t layer, const std::string& suffix) {
-  return "model.layers." + std::to_string(layer) + "." + suffix;
-}
-
-std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c) {
-  std::vector<ExpectedTensor> out;
-  const int64_t h = c.hidden_size;
-  const int64_t heads = c.num_attention_heads;
-  out.push_back({"model.embed_tokens.weight", {c.vocab_size, h}, Kind::kMatrixNoQuant});
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    auto add = [&](const std::string& suffix, std::vector<int64_t> shape, Kind kind) {
-      out.push_back({layer_tensor_name(i, suffix), std::move(shape), kind});
-    };
-    add("input_layernorm.weight", {h}, Kind::kVector);
-    add("post_attention_layernorm.weight", {h}, Kind::kVector);
-    // MLA
-    if (c.q_lora_rank) {
-      add("self_attn.q_a_proj.weight", {*c.q_lora_rank, h}, Kind::kMatrix);
-      add("self_attn.q_a_layernorm.weight", {*c.q_lora_rank}, Kind::kVector);
-      add("self_attn.q_b_proj.weight", {heads * c.qk_head_dim(), *c.q_lora_rank}, Kind::kMatrix);
-    } else {
-      add("self_attn.q_proj.weight", {heads * c.qk_head_dim(), h}, Kind::kMatrix);
-    }
-    add("self_attn.kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, h},
-        Kind::kMatrix);
-    add("self_attn.kv_a_layernorm.weight", {c.kv_lora_rank}, Kind::kVector);
-    add("self_attn.kv_b_proj.weight", {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank},
-        Kind::kMatrix);
-    add("self_attn.o_proj.weight", {h, heads * c.v_head_dim}, Kind::kMatrix);
-    // MLP
-    if (!c.is_moe_layer(i)) {
-      add("mlp.gate_proj.weight", {c.intermediate_size, h}, Kind::kMatrix);
-      add("mlp.up_proj.weight", {c.intermediate_size, h}, Kind::kMatrix);
-      add("mlp.down_proj.weight", {h, c.intermediate_size}, Kind::kMatrix);
-      continue;
-    }
-    const int64_t moe = c.moe_intermediate_size;
-    add("mlp.gate.weight", {c.n_routed_experts, h}, Kind::kMatrixNoQuant);
-    if (c.topk_method == "noaux_tc")
-      add("mlp.gate.e_score_correction_bias", {c.n_routed_experts}, Kind::kVector);
-    for (int64_t e = 0; e < c.n_routed_experts; ++e) {
-      const std::string p = "mlp.experts." + std::to_string(e) + ".";
-      add(p + "gate_proj.weight", {moe, h}, Kind::kMatrix);
-      add(p + "up_proj.weight", {moe, h}, Kind::kMatrix);
-      add(p + "down_proj.weight", {h, moe}, Kind::kMatrix);
-    }
-    if (c.n_shared_experts > 0) {
-      const int64_t shared = c.n_shared_experts * moe;
-      add("mlp.shared_experts.gate_proj.weight", {shared, h}, Kind::kMatrix);
-      add("mlp.shared_experts.up_proj.weight", {shared, h}, Kind::kMatrix);
-      add("mlp.shared_experts.down_proj.weight", {h, shared}, Kind::kMatrix);
-    }
-  }
-  out.push_back({"model.norm.weight", {h}, Kind::kVector});
-  if (!c.tie_word_embeddings)
-    out.push_back({"lm_head.weight", {c.vocab_size, h}, Kind::kMatrixNoQuant});
-  return out;
-}
-
 Result<WeightMatrix> get_matrix(const Checkpoint& ckpt, const std::string& name, int64_t out,
-                                int64_t in, const ModelConfig& config) {
-  return matrix(ckpt, name, out, in, config, /*allow_fp8=*/true);
+                                int64_t in, const ModelConfig& config, bool allow_fp8) {
+  return matrix(ckpt, name, out, in, config, allow_fp8);
 }
 
 Result<std::vector<float>> get_vector_f32(const Checkpoint& ckpt, const std::string& name,
@@ -160,19 +104,16 @@ Result<std::vector<float>> get_vector_f32(const Checkpoint& ckpt, const std::str
   return v;
 }
 
-Status validate_checkpoint(const Checkpoint& ckpt, const ModelConfig& config) {
-  for (const ExpectedTensor& e : expected_tensors(config)) {
-    switch (e.kind) {
-      case Kind::kVector: MOAT_TRY(check_vector(ckpt, e.name, e.shape[0])); break;
-      case Kind::kMatrix:
-      case Kind::kMatrixNoQuant: {
-        auto w = matrix(ckpt, e.name, e.shape[0], e.shape[1], config,
-                        /*allow_fp8=*/e.kind == Kind::kMatrix);
-        if (!w.ok()) return w.take_error();
-        break;
-      }
-    }
+Status check_tensor(const Checkpoint& ckpt, const std::string& name, std::span<const int64_t> shape,
+                    TensorStorage storage, const ModelConfig& config) {
+  if (storage == TensorStorage::vector) {
+    MOAT_CHECK(shape.size() == 1, "{}: a vector spec needs one dimension, got {}", name, shape.size());
+    return check_vector(ckpt, name, shape[0]);
   }
+  MOAT_CHECK(shape.size() == 2, "{}: a matrix spec needs two dimensions, got {}", name, shape.size());
+  auto w = matrix(ckpt, name, shape[0], shape[1], config,
+                  /*allow_fp8=*/storage == TensorStorage::matrix);
+  if (!w.ok()) return w.take_error();
   return ok_status();
 }
 

@@ -8,23 +8,19 @@
 #include "base/thread_pool.h"
 #include "loader/weight_map.h"
 #include "models/op_needs.h"
+#include "models/registry.h"
 
 namespace moat {
-
-namespace {
-
-std::string layer_prefix(int64_t i) { return fmt::format("model.layers.{}.", i); }
-
-}  // namespace
 
 Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::filesystem::path& dir,
                                                            const Options& options) {
   std::unique_ptr<DeepseekModel> model(new DeepseekModel());
   model->options_ = options;
   MOAT_ASSIGN_OR_RETURN(model->config_, load_model_config(dir));
+  MOAT_ASSIGN_OR_RETURN(model->spec_, weight_spec_for(model->config_));
   MOAT_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(dir, options.weights));
   model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
-  MOAT_TRY(validate_checkpoint(*model->checkpoint_, model->config_));
+  MOAT_TRY(validate_checkpoint(*model->checkpoint_, model->spec_));
   MOAT_ASSIGN_OR_RETURN(ops::ModelOpNeeds needs, model_op_needs(model->config_, 1, options.kv_dtype));
   MOAT_ASSIGN_OR_RETURN(model->ops_, ops::OpTable::resolve(options.backend, needs));
   if (options.max_context <= 0) return make_error("max context must be > 0, got {}", options.max_context);
@@ -38,116 +34,162 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::filesystem
 Status DeepseekModel::load_weights() {
   const ModelConfig& c = config_;
   const Checkpoint& ck = *checkpoint_;
-  const int64_t H = c.hidden_size, heads = c.num_attention_heads;
-  const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, vdim = c.v_head_dim;
-  const int64_t kv_lora = c.kv_lora_rank;
-
-  MOAT_ASSIGN_OR_RETURN(embed_tokens_, get_matrix(ck, "model.embed_tokens.weight", c.vocab_size, H, c));
-  if (c.tie_word_embeddings) {
-    lm_head_ = embed_tokens_;
-  } else {
-    MOAT_ASSIGN_OR_RETURN(lm_head_, get_matrix(ck, "lm_head.weight", c.vocab_size, H, c));
-  }
-  MOAT_ASSIGN_OR_RETURN(final_norm_, get_vector_f32(ck, "model.norm.weight", H));
-
-  auto load_mlp = [&](const std::string& prefix, int64_t inter) -> Result<MlpWeights> {
-    MlpWeights m;
-    MOAT_ASSIGN_OR_RETURN(m.gate_proj, get_matrix(ck, prefix + "gate_proj.weight", inter, H, c));
-    MOAT_ASSIGN_OR_RETURN(m.up_proj, get_matrix(ck, prefix + "up_proj.weight", inter, H, c));
-    MOAT_ASSIGN_OR_RETURN(m.down_proj, get_matrix(ck, prefix + "down_proj.weight", H, inter, c));
-    return m;
-  };
-
-  layers_.resize(static_cast<size_t>(c.num_hidden_layers));
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    LayerWeights& L = layers_[i];
-    const std::string p = layer_prefix(i);
-    MOAT_ASSIGN_OR_RETURN(L.input_layernorm, get_vector_f32(ck, p + "input_layernorm.weight", H));
-    MOAT_ASSIGN_OR_RETURN(L.post_attention_layernorm, get_vector_f32(ck, p + "post_attention_layernorm.weight", H));
-    MlaWeights& A = L.attn;
-    const std::string a = p + "self_attn.";
-    if (c.q_lora_rank) {
-      MOAT_ASSIGN_OR_RETURN(A.q_a_proj, get_matrix(ck, a + "q_a_proj.weight", *c.q_lora_rank, H, c));
-      MOAT_ASSIGN_OR_RETURN(A.q_a_layernorm, get_vector_f32(ck, a + "q_a_layernorm.weight", *c.q_lora_rank));
-      MOAT_ASSIGN_OR_RETURN(A.q_b_proj, get_matrix(ck, a + "q_b_proj.weight", heads * (nope + rope), *c.q_lora_rank, c));
+  layers_.assign(spec_.layers.size(), LayerWeights{});
+  for (const LayerSpec& ls : spec_.layers) {
+    MOAT_CHECK(ls.attention == AttentionKind::mla, "layer {}: only MLA attention runs here", ls.index);
+    LayerWeights& L = layers_[ls.index];
+    if (ls.ffn == FfnKind::moe) {
+      L.moe.emplace().experts.resize(static_cast<size_t>(spec_.routed_experts));
     } else {
-      MOAT_ASSIGN_OR_RETURN(A.q_proj, get_matrix(ck, a + "q_proj.weight", heads * (nope + rope), H, c));
-    }
-    MOAT_ASSIGN_OR_RETURN(A.kv_a_proj_with_mqa, get_matrix(ck, a + "kv_a_proj_with_mqa.weight", kv_lora + rope, H, c));
-    MOAT_ASSIGN_OR_RETURN(A.kv_a_layernorm, get_vector_f32(ck, a + "kv_a_layernorm.weight", kv_lora));
-    MOAT_ASSIGN_OR_RETURN(A.kv_b_proj, get_matrix(ck, a + "kv_b_proj.weight", heads * (nope + vdim), kv_lora, c));
-    MOAT_ASSIGN_OR_RETURN(A.o_proj, get_matrix(ck, a + "o_proj.weight", H, heads * vdim, c));
-
-    // W_UK^T per head: [kv_lora, nope]. Exact in bf16 when kv_b is bf16; fp8 kv_b gets bf16
-    // copies too unless activations are exact (the copies are read every decode step, and fp32
-    // ones doubled their bytes against what W8A16 computes with anyway).
-    const bool keep_bf16 = A.kv_b_proj.dtype == DType::BF16 ||
-                           (A.kv_b_proj.dtype == DType::F8_E4M3 && !options_.exact_activations);
-    const size_t n = static_cast<size_t>(heads * kv_lora * nope);
-    if (keep_bf16) A.w_uk_t_bf16.resize(n); else A.w_uk_t_f32.resize(n);
-    for (int64_t h = 0; h < heads; ++h) {
-      for (int64_t r = 0; r < nope; ++r)
-        for (int64_t col = 0; col < kv_lora; ++col) {
-          const float v = A.kv_b_proj.at(h * (nope + vdim) + r, col);
-          const size_t dst = static_cast<size_t>((h * kv_lora + col) * nope + r);
-          if (keep_bf16) A.w_uk_t_bf16[dst] = f32_to_bf16(v); else A.w_uk_t_f32[dst] = v;
-        }
-    }
-    if (A.kv_b_proj.dtype == DType::F8_E4M3) {
-      const size_t uv = static_cast<size_t>(heads * vdim * kv_lora);
-      if (keep_bf16) A.w_uv_bf16.resize(uv); else A.w_uv_f32.resize(uv);
-      for (int64_t h = 0; h < heads; ++h)
-        for (int64_t r = 0; r < vdim; ++r)
-          for (int64_t col = 0; col < kv_lora; ++col) {
-            const float v = A.kv_b_proj.at(h * (nope + vdim) + nope + r, col);
-            const size_t dst = static_cast<size_t>((h * vdim + r) * kv_lora + col);
-            if (keep_bf16) A.w_uv_bf16[dst] = f32_to_bf16(v); else A.w_uv_f32[dst] = v;
-          }
-    }
-    for (int64_t h = 0; h < heads; ++h) {
-      WeightMatrix w;
-      w.dtype = keep_bf16 ? DType::BF16 : DType::F32;
-      w.data = keep_bf16 ? static_cast<const void*>(A.w_uk_t_bf16.data() + h * kv_lora * nope)
-                         : static_cast<const void*>(A.w_uk_t_f32.data() + h * kv_lora * nope);
-      w.out_features = kv_lora;
-      w.in_features = nope;
-      A.w_uk_t.push_back(w);
-      // W_UV of head h: rows of kv_b_proj [v, kv_lora]. fp8 row slices would have to start on a
-      // scale block, which they generally don't, so fp8 checkpoints get a dequantized copy.
-      const int64_t row0 = h * (nope + vdim) + nope;
-      if (A.kv_b_proj.dtype == DType::F8_E4M3) {
-        WeightMatrix uv;
-        uv.dtype = keep_bf16 ? DType::BF16 : DType::F32;
-        uv.data = keep_bf16 ? static_cast<const void*>(A.w_uv_bf16.data() + h * vdim * kv_lora)
-                            : static_cast<const void*>(A.w_uv_f32.data() + h * vdim * kv_lora);
-        uv.out_features = vdim;
-        uv.in_features = kv_lora;
-        A.w_uv.push_back(uv);
-      } else {
-        A.w_uv.push_back(A.kv_b_proj.rows(row0, vdim));
-      }
-    }
-
-    if (c.is_moe_layer(i)) {
-      MoeWeights moe;
-      MOAT_ASSIGN_OR_RETURN(moe.gate, get_matrix(ck, p + "mlp.gate.weight", c.n_routed_experts, H, c));
-      if (c.topk_method == "noaux_tc") {
-        MOAT_ASSIGN_OR_RETURN(moe.score_bias, get_vector_f32(ck, p + "mlp.gate.e_score_correction_bias", c.n_routed_experts));
-      }
-      moe.experts.reserve(static_cast<size_t>(c.n_routed_experts));
-      for (int64_t e = 0; e < c.n_routed_experts; ++e) {
-        MOAT_ASSIGN_OR_RETURN(MlpWeights expert, load_mlp(fmt::format("{}mlp.experts.{}.", p, e), c.moe_intermediate_size));
-        moe.experts.push_back(expert);
-      }
-      if (c.n_shared_experts > 0) {
-        MOAT_ASSIGN_OR_RETURN(moe.shared, load_mlp(p + "mlp.shared_experts.", c.n_shared_experts * c.moe_intermediate_size));
-      }
-      L.moe = std::move(moe);
-    } else {
-      MOAT_ASSIGN_OR_RETURN(L.dense_mlp, load_mlp(p + "mlp.", c.intermediate_size));
+      L.dense_mlp.emplace();
     }
   }
+  bound_.assign(spec_.tensors.size(), nullptr);
+  for (size_t i = 0; i < spec_.tensors.size(); ++i) {
+    const TensorSpec& t = spec_.tensors[i];
+    if (t.is_matrix()) {
+      WeightMatrix* slot = matrix_slot(t);
+      MOAT_ASSIGN_OR_RETURN(*slot, get_matrix(ck, t.name, t.shape[0], t.shape[1], c,
+                                              /*allow_fp8=*/t.storage == TensorStorage::matrix));
+      bound_[i] = slot;
+    } else {
+      MOAT_ASSIGN_OR_RETURN(*vector_slot(t), get_vector_f32(ck, t.name, t.shape[0]));
+    }
+  }
+  if (c.tie_word_embeddings) lm_head_ = embed_tokens_;
+  for (LayerWeights& L : layers_) absorb_kv_b(L.attn);
   return ok_status();
+}
+
+namespace {
+
+WeightMatrix* mlp_slot(MlpWeights& m, Role role) {
+  switch (role) {
+    case Role::gate_proj: return &m.gate_proj;
+    case Role::up_proj: return &m.up_proj;
+    case Role::down_proj: return &m.down_proj;
+    default: return nullptr;
+  }
+}
+
+template <typename T>
+T& created(std::optional<T>& part) {
+  return part ? *part : part.emplace();
+}
+
+}  // namespace
+
+WeightMatrix* DeepseekModel::matrix_slot(const TensorSpec& t) {
+  WeightMatrix* slot = nullptr;
+  LayerWeights* L = t.layer >= 0 ? &layers_.at(static_cast<size_t>(t.layer)) : nullptr;
+  switch (t.part) {
+    case Part::embedding: slot = &embed_tokens_; break;
+    case Part::lm_head: slot = &lm_head_; break;
+    case Part::attention: {
+      MlaWeights& A = L->attn;
+      switch (t.role) {
+        case Role::q_a_proj: slot = &created(A.q_a_proj); break;
+        case Role::q_b_proj: slot = &created(A.q_b_proj); break;
+        case Role::q_proj: slot = &created(A.q_proj); break;
+        case Role::kv_a_proj: slot = &A.kv_a_proj_with_mqa; break;
+        case Role::kv_b_proj: slot = &A.kv_b_proj; break;
+        case Role::o_proj: slot = &A.o_proj; break;
+        default: break;
+      }
+      break;
+    }
+    case Part::dense_mlp:
+      if (L->dense_mlp) slot = mlp_slot(*L->dense_mlp, t.role);
+      break;
+    case Part::router:
+      if (L->moe && t.role == Role::weight) slot = &L->moe->gate;
+      break;
+    case Part::routed_expert:
+      if (L->moe && t.expert >= 0 && t.expert < static_cast<int64_t>(L->moe->experts.size()))
+        slot = mlp_slot(L->moe->experts[static_cast<size_t>(t.expert)], t.role);
+      break;
+    case Part::shared_experts:
+      if (L->moe) slot = mlp_slot(created(L->moe->shared), t.role);
+      break;
+    default: break;
+  }
+  MOAT_CHECK(slot, "{}: the weight spec lists a matrix this model has no place for", t.name);
+  return slot;
+}
+
+std::vector<float>* DeepseekModel::vector_slot(const TensorSpec& t) {
+  std::vector<float>* slot = nullptr;
+  LayerWeights* L = t.layer >= 0 ? &layers_.at(static_cast<size_t>(t.layer)) : nullptr;
+  switch (t.role) {
+    case Role::weight:
+      if (t.part == Part::final_norm) slot = &final_norm_;
+      break;
+    case Role::input_norm: slot = &L->input_layernorm; break;
+    case Role::post_attention_norm: slot = &L->post_attention_layernorm; break;
+    case Role::q_a_norm: slot = &L->attn.q_a_layernorm; break;
+    case Role::kv_a_norm: slot = &L->attn.kv_a_layernorm; break;
+    case Role::score_bias:
+      if (L->moe) slot = &L->moe->score_bias;
+      break;
+    default: break;
+  }
+  MOAT_CHECK(slot, "{}: the weight spec lists a vector this model has no place for", t.name);
+  return slot;
+}
+
+void DeepseekModel::absorb_kv_b(MlaWeights& A) {
+  const ModelConfig& c = config_;
+  const int64_t heads = c.num_attention_heads, nope = c.qk_nope_head_dim, vdim = c.v_head_dim;
+  const int64_t kv_lora = c.kv_lora_rank;
+  // W_UK^T per head: [kv_lora, nope]. Exact in bf16 when kv_b is bf16; fp8 kv_b gets bf16
+  // copies too unless activations are exact (the copies are read every decode step, and fp32
+  // ones doubled their bytes against what W8A16 computes with anyway).
+  const bool keep_bf16 = A.kv_b_proj.dtype == DType::BF16 ||
+                         (A.kv_b_proj.dtype == DType::F8_E4M3 && !options_.exact_activations);
+  const size_t n = static_cast<size_t>(heads * kv_lora * nope);
+  if (keep_bf16) A.w_uk_t_bf16.resize(n); else A.w_uk_t_f32.resize(n);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t r = 0; r < nope; ++r)
+      for (int64_t col = 0; col < kv_lora; ++col) {
+        const float v = A.kv_b_proj.at(h * (nope + vdim) + r, col);
+        const size_t dst = static_cast<size_t>((h * kv_lora + col) * nope + r);
+        if (keep_bf16) A.w_uk_t_bf16[dst] = f32_to_bf16(v); else A.w_uk_t_f32[dst] = v;
+      }
+  }
+  if (A.kv_b_proj.dtype == DType::F8_E4M3) {
+    const size_t uv = static_cast<size_t>(heads * vdim * kv_lora);
+    if (keep_bf16) A.w_uv_bf16.resize(uv); else A.w_uv_f32.resize(uv);
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t r = 0; r < vdim; ++r)
+        for (int64_t col = 0; col < kv_lora; ++col) {
+          const float v = A.kv_b_proj.at(h * (nope + vdim) + nope + r, col);
+          const size_t dst = static_cast<size_t>((h * vdim + r) * kv_lora + col);
+          if (keep_bf16) A.w_uv_bf16[dst] = f32_to_bf16(v); else A.w_uv_f32[dst] = v;
+        }
+  }
+  for (int64_t h = 0; h < heads; ++h) {
+    WeightMatrix w;
+    w.dtype = keep_bf16 ? DType::BF16 : DType::F32;
+    w.data = keep_bf16 ? static_cast<const void*>(A.w_uk_t_bf16.data() + h * kv_lora * nope)
+                       : static_cast<const void*>(A.w_uk_t_f32.data() + h * kv_lora * nope);
+    w.out_features = kv_lora;
+    w.in_features = nope;
+    A.w_uk_t.push_back(w);
+    // W_UV of head h: rows of kv_b_proj [v, kv_lora]. fp8 row slices would have to start on a
+    // scale block, which they generally don't, so fp8 checkpoints get a dequantized copy.
+    const int64_t row0 = h * (nope + vdim) + nope;
+    if (A.kv_b_proj.dtype == DType::F8_E4M3) {
+      WeightMatrix uv;
+      uv.dtype = keep_bf16 ? DType::BF16 : DType::F32;
+      uv.data = keep_bf16 ? static_cast<const void*>(A.w_uv_bf16.data() + h * vdim * kv_lora)
+                          : static_cast<const void*>(A.w_uv_f32.data() + h * vdim * kv_lora);
+      uv.out_features = vdim;
+      uv.in_features = kv_lora;
+      A.w_uv.push_back(uv);
+    } else {
+      A.w_uv.push_back(A.kv_b_proj.rows(row0, vdim));
+    }
+  }
 }
 
 void DeepseekModel::reserve(int64_t T) {
@@ -383,14 +425,12 @@ void DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t T, float* o
 
 double DeepseekModel::weight_bytes_per_step(int64_t tokens) const {
   const ModelConfig& c = config_;
-  double expert_bytes = 0;  // one routed expert of every MoE layer
+  double expert_bytes = 0;  // one routed expert (the first) of every MoE layer
   int64_t moe_layers = 0;
-  for (const LayerWeights& L : layers_)
-    if (L.moe && !L.moe->experts.empty()) {
-      const MlpWeights& e = L.moe->experts.front();
-      expert_bytes += static_cast<double>(e.gate_proj.bytes() + e.up_proj.bytes() + e.down_proj.bytes());
-      ++moe_layers;
-    }
+  for (const LayerSpec& ls : spec_.layers) moe_layers += ls.ffn == FfnKind::moe && spec_.routed_experts > 0;
+  for (size_t i = 0; i < spec_.tensors.size(); ++i)
+    if (spec_.tensors[i].part == Part::routed_expert && spec_.tensors[i].expert == 0)
+      expert_bytes += static_cast<double>(bound_[i]->bytes());
   const double always = static_cast<double>(active_weights_per_token().bytes) - expert_bytes * c.num_experts_per_tok;
   if (moe_layers == 0) return always;
   const double E = static_cast<double>(c.n_routed_experts), k = static_cast<double>(c.num_experts_per_tok);
@@ -400,30 +440,25 @@ double DeepseekModel::weight_bytes_per_step(int64_t tokens) const {
 
 DeepseekModel::ActiveWeights DeepseekModel::active_weights_per_token() const {
   ActiveWeights a;
-  auto add = [&a](const WeightMatrix& m, int64_t times = 1) {
-    a.bytes += times * m.bytes();
-    a.params += times * m.out_features * m.in_features;
+  auto add = [&a](const WeightMatrix& m) {
+    a.bytes += m.bytes();
+    a.params += m.out_features * m.in_features;
   };
-  a.bytes += embed_tokens_.in_features * static_cast<int64_t>(dtype_size(embed_tokens_.dtype));
-  add(lm_head_);
-  for (const LayerWeights& L : layers_) {
-    const MlaWeights& A = L.attn;
-    for (const auto& m : {A.q_a_proj, A.q_b_proj, A.q_proj})
-      if (m) add(*m);
-    add(A.kv_a_proj_with_mqa);
-    add(A.o_proj);
-    for (const auto& m : A.w_uk_t) add(m);
-    for (const auto& m : A.w_uv) add(m);
-    auto add_mlp = [&](const MlpWeights& m, int64_t times) {
-      add(m.gate_proj, times);
-      add(m.up_proj, times);
-      add(m.down_proj, times);
-    };
-    if (L.dense_mlp) add_mlp(*L.dense_mlp, 1);
-    if (L.moe) {
-      add(L.moe->gate);
-      if (L.moe->shared) add_mlp(*L.moe->shared, 1);
-      if (!L.moe->experts.empty()) add_mlp(L.moe->experts.front(), config_.num_experts_per_tok);
+  // Matrices only (norms and biases are noise next to them), as the model streams them: one
+  // embedding row, the tied table again as lm_head, kv_b_proj as its absorbed per-head copies.
+  for (size_t i = 0; i < spec_.tensors.size(); ++i) {
+    const TensorSpec& t = spec_.tensors[i];
+    if (!t.is_matrix() || !spec_.read_per_token(t)) continue;
+    const WeightMatrix& m = *bound_[i];
+    if (t.part == Part::embedding) {
+      a.bytes += m.in_features * static_cast<int64_t>(dtype_size(m.dtype));
+      if (config_.tie_word_embeddings) add(lm_head_);
+    } else if (t.role == Role::kv_b_proj) {
+      const MlaWeights& A = layers_[static_cast<size_t>(t.layer)].attn;
+      for (const auto& w : A.w_uk_t) add(w);
+      for (const auto& w : A.w_uv) add(w);
+    } else {
+      add(m);
     }
   }
   return a;

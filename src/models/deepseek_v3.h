@@ -17,6 +17,7 @@
 #include "models/forward_batch.h"
 #include "loader/checkpoint.h"
 #include "models/rope.h"
+#include "models/weight_spec.h"
 #include "ops/dispatch.h"
 
 namespace moat {
@@ -66,7 +67,7 @@ class DeepseekModel {
   struct Options {
     ops::Backend backend = ops::Backend::cpu;
     int64_t max_context = 4096;  // RoPE table length; prompts + outputs must fit
-    bool exact_activations = false;  // fp32-accurate activations in every matmul (ops::set_exact_activations)
+    bool exact_activations = false;  // fp32-accurate activations in every matmul (OpTable::set_exact_activations: per model)
     WeightPlacement weights = WeightPlacement::mmap;  // see loader/safetensors.h
     DType kv_dtype = DType::BF16;  // the paged latent cache's element type (the op table is resolved for it)
   };
@@ -89,6 +90,8 @@ class DeepseekModel {
   // E * (1 - (1 - k/E)^tokens) of them. tokens = 1 gives active_weights_per_token().bytes.
   double weight_bytes_per_step(int64_t tokens) const;
   const Checkpoint& checkpoint() const { return *checkpoint_; }
+  // The architecture's weight table for this config (models/registry.h).
+  const WeightSpec& weight_spec() const { return spec_; }
 
   LatentCacheShape cache_shape() const {
     return {config_.num_hidden_layers, config_.kv_cache_dim(), options_.kv_dtype};
@@ -114,7 +117,12 @@ class DeepseekModel {
 
  private:
   DeepseekModel() = default;
+  // Binds every tensor of spec_ to its member, then derives the absorbed per-head copies.
   Status load_weights();
+  // Where a spec entry lives in this model; optional parts are created as their tensors arrive.
+  WeightMatrix* matrix_slot(const TensorSpec& t);
+  std::vector<float>* vector_slot(const TensorSpec& t);
+  void absorb_kv_b(MlaWeights& A);
   void attention(const LayerWeights& layer, int64_t layer_index, const ForwardBatch& batch,
                  PagedLatentCache& cache, const float* x, float* out);
   // gate/up: scratch [T, intermediate] each.
@@ -124,6 +132,9 @@ class DeepseekModel {
 
   Options options_;
   ModelConfig config_;
+  WeightSpec spec_;
+  // [spec_.tensors.size()]: the bound matrix of each entry (nullptr for vectors), for the counts.
+  std::vector<const WeightMatrix*> bound_;
   std::unique_ptr<Checkpoint> checkpoint_;
   ops::OpTable ops_;
   RopeTable rope_;

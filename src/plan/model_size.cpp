@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "models/registry.h"
+
 namespace moat::plan {
 
 using nlohmann::json;
@@ -66,74 +68,42 @@ ModelConfig ModelSize::attention_config() const {
 
 namespace {
 
-// Running totals while walking the tensors of a config.
+// Running totals while walking the weight spec.
 struct Tally {
   double params = 0, active_params = 0;
   PerPrecision bytes{}, active_bytes{}, routed_bytes{};
 
-  // A linear weight [rows, cols], `count` copies, `active` of which each token uses.
-  void linear(int64_t rows, int64_t cols, double count, double active, bool routed = false) {
-    const double n = static_cast<double>(rows) * cols;
-    params += count * n;
-    active_params += active * n;
-    for (int i = 0; i < kNumPrecisions; ++i) {
-      const double b = matrix_bytes(rows, cols, static_cast<Precision>(i));
-      bytes[i] += count * b;
-      active_bytes[i] += active * b;
-      if (routed) routed_bytes[i] += count * b;
-    }
-  }
-  // Stays bf16 whatever the precision (embeddings, lm_head, norms, routers). read_per_token is
-  // false for the embedding table: decode reads one row of it.
-  void bf16(double n, bool read_per_token = true) {
+  void add(const TensorSpec& w, bool active) {
+    const double n = static_cast<double>(w.numel());
     params += n;
-    active_params += n;
+    // The embedding table counts as active parameters (every token has one of its rows) but
+    // decode reads one row of it, not its bytes.
+    if (active || w.part == Part::embedding) active_params += n;
+    const bool streamed = active && w.part != Part::embedding;
+    const bool routed = w.part == Part::routed_expert;
     for (int i = 0; i < kNumPrecisions; ++i) {
-      bytes[i] += 2 * n;
-      if (read_per_token) active_bytes[i] += 2 * n;
+      // Only Linear weights take the storage precision; embeddings, lm_head, norms and routers
+      // stay bf16, as in the published FP8 and INT4 checkpoints.
+      const double b = w.storage == TensorStorage::matrix ? matrix_bytes(w.shape[0], w.shape[1], static_cast<Precision>(i))
+                                                          : 2 * n;
+      bytes[i] += b;
+      if (streamed) active_bytes[i] += b;
+      if (routed) routed_bytes[i] += b;
     }
   }
 };
 
 }  // namespace
 
-ModelSize size_from_config(const ModelConfig& c, std::string id, std::string name) {
+Result<ModelSize> size_from_config(const ModelConfig& c, std::string id, std::string name) {
+  MOAT_ASSIGN_OR_RETURN(WeightSpec spec, weight_spec_for(c));
+  return size_from_spec(spec, std::move(id), std::move(name));
+}
+
+ModelSize size_from_spec(const WeightSpec& spec, std::string id, std::string name) {
+  const ModelConfig& c = spec.config;
   Tally t;
-  const int64_t H = c.hidden_size, heads = c.num_attention_heads;
-  t.bf16(static_cast<double>(c.vocab_size) * H, /*read_per_token=*/false);  // embed_tokens
-  if (!c.tie_word_embeddings) t.bf16(static_cast<double>(c.vocab_size) * H);  // lm_head
-  t.bf16(static_cast<double>(H));                                            // final norm
-  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
-    t.bf16(2.0 * H);  // input_layernorm, post_attention_layernorm
-    // MLA projections.
-    if (c.q_lora_rank) {
-      t.linear(*c.q_lora_rank, H, 1, 1);                     // q_a_proj
-      t.bf16(static_cast<double>(*c.q_lora_rank));           // q_a_layernorm
-      t.linear(heads * c.qk_head_dim(), *c.q_lora_rank, 1, 1);  // q_b_proj
-    } else {
-      t.linear(heads * c.qk_head_dim(), H, 1, 1);  // q_proj
-    }
-    t.linear(c.kv_lora_rank + c.qk_rope_head_dim, H, 1, 1);                  // kv_a_proj_with_mqa
-    t.bf16(static_cast<double>(c.kv_lora_rank));                             // kv_a_layernorm
-    t.linear(heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank, 1, 1);  // kv_b_proj
-    t.linear(H, heads * c.v_head_dim, 1, 1);                                 // o_proj
-    if (c.is_moe_layer(layer)) {
-      const int64_t I = c.moe_intermediate_size;
-      const double E = static_cast<double>(c.n_routed_experts), k = static_cast<double>(c.num_experts_per_tok);
-      // gate_proj, up_proj [I, H] and down_proj [H, I] per routed expert.
-      t.linear(I, H, 2 * E, 2 * k, /*routed=*/true);
-      t.linear(H, I, E, k, /*routed=*/true);
-      if (c.n_shared_experts > 0) {  // one MLP of width I x n_shared, used by every token
-        const int64_t S = I * c.n_shared_experts;
-        t.linear(S, H, 2, 2);
-        t.linear(H, S, 1, 1);
-      }
-      t.bf16(E * H + E);  // router gate [E, H] + e_score_correction_bias
-    } else {
-      t.linear(c.intermediate_size, H, 2, 2);
-      t.linear(H, c.intermediate_size, 1, 1);
-    }
-  }
+  for (const TensorSpec& w : spec.tensors) t.add(w, spec.read_per_token(w));
   ModelSize m;
   m.id = std::move(id);
   m.name = std::move(name);
@@ -144,9 +114,9 @@ ModelSize size_from_config(const ModelConfig& c, std::string id, std::string nam
   m.routed_expert_bytes = t.routed_bytes;
   m.n_routed_experts = c.n_routed_experts;
   m.experts_per_token = c.num_experts_per_tok;
-  m.num_attention_heads = heads;
+  m.num_attention_heads = c.num_attention_heads;
   m.mla = true;
-  m.kv_layers = c.num_hidden_layers;
+  for (const LayerSpec& layer : spec.layers) m.kv_layers += layer.attention == AttentionKind::mla;
   m.kv_lora_rank = c.kv_lora_rank;
   m.qk_rope_head_dim = c.qk_rope_head_dim;
   m.state_bytes_per_request = 0;
@@ -188,7 +158,9 @@ Result<ModelSize> size_from_catalog_entry(const json& e) {
   if (e.contains("config")) {
     auto config = parse_model_config(e["config"]);
     if (!config) return make_error("{}: config: {}", where, config.error().message);
-    m = size_from_config(*config, id, name);
+    auto sized = size_from_config(*config, id, name);
+    if (!sized) return make_error("{}: config: {}", where, sized.error().message);
+    m = std::move(*sized);
   } else {
     m.id = id;
     m.name = name;

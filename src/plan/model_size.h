@@ -1,7 +1,7 @@
 // What a model costs in memory: parameter counts, weight bytes at each storage precision and KV
-// bytes per token, for `moat plan`. Sized either from an HF config.json (the DeepSeek-V3
-// architecture, tensor by tensor) or from a catalog entry that gives the totals directly (Kimi K3,
-// whose layer layout is not published).
+// bytes per token, for `moat plan`. Sized either from an HF config.json (tensor by tensor, from the
+// architecture's weight spec: models/weight_spec.h) or from a catalog entry that gives the totals
+// directly (Kimi K3, whose layer layout is not published).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -15,6 +15,7 @@
 
 #include "base/status.h"
 #include "config/model_config.h"
+#include "models/weight_spec.h"
 
 namespace moat::plan {
 
@@ -82,8 +83,10 @@ struct ModelSize {
   ModelConfig attention_config() const;
 };
 
-// Sizes a DeepSeek-V2/V3-architecture model tensor by tensor (MTP layers are not counted).
-ModelSize size_from_config(const ModelConfig& config, std::string id, std::string name);
+// Sizes a model tensor by tensor from its architecture's weight spec (MTP layers are not
+// counted); errors for an architecture the model registry does not know.
+Result<ModelSize> size_from_config(const ModelConfig& config, std::string id, std::string name);
+ModelSize size_from_spec(const WeightSpec& spec, std::string id, std::string name);
 
 // A models.json entry: {"id", "name", "config": {...}} or the totals form (see data/models.json).
 // Errors name the entry and field.

@@ -1,0 +1,87 @@
+#include "models/weight_spec.h"
+
+namespace moat {
+
+namespace {
+
+using S = TensorStorage;
+
+// One SwiGLU MLP (gate, up: [inter, hidden]; down: [hidden, inter]) under `prefix` ("...mlp.",
+// "...mlp.experts.7.", "...mlp.shared_experts.").
+void add_mlp(WeightSpec& spec, int64_t layer, const std::string& prefix, Part part, int64_t inter,
+             int64_t expert = -1) {
+  const int64_t H = spec.config.hidden_size;
+  const bool routed = part == Part::routed_expert;
+  const TpSplit in_split = routed ? TpSplit::expert : TpSplit::column;
+  const TpSplit out_split = routed ? TpSplit::expert : TpSplit::row;
+  auto& t = spec.tensors;
+  t.push_back({prefix + "gate_proj.weight", {inter, H}, S::matrix, layer, part, Role::gate_proj, expert, in_split});
+  t.push_back({prefix + "up_proj.weight", {inter, H}, S::matrix, layer, part, Role::up_proj, expert, in_split});
+  t.push_back({prefix + "down_proj.weight", {H, inter}, S::matrix, layer, part, Role::down_proj, expert, out_split});
+}
+
+}  // namespace
+
+const TensorSpec* WeightSpec::find(std::string_view name) const {
+  for (const TensorSpec& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+Status validate_checkpoint(const Checkpoint& ckpt, const WeightSpec& spec) {
+  for (const TensorSpec& t : spec.tensors) MOAT_TRY(check_tensor(ckpt, t.name, t.shape, t.storage, spec.config));
+  return ok_status();
+}
+
+void add_layer_norms(WeightSpec& spec, int64_t layer, const std::string& prefix) {
+  const int64_t H = spec.config.hidden_size;
+  spec.tensors.push_back({prefix + "input_layernorm.weight", {H}, S::vector, layer, Part::layer_norms, Role::input_norm});
+  spec.tensors.push_back(
+      {prefix + "post_attention_layernorm.weight", {H}, S::vector, layer, Part::layer_norms, Role::post_attention_norm});
+}
+
+void add_mla_attention(WeightSpec& spec, int64_t layer, const std::string& prefix) {
+  const ModelConfig& c = spec.config;
+  const int64_t H = c.hidden_size, heads = c.num_attention_heads;
+  const int64_t qk = c.qk_head_dim(), kv_lora = c.kv_lora_rank, rope = c.qk_rope_head_dim;
+  const int64_t nope_v = c.qk_nope_head_dim + c.v_head_dim;
+  const std::string a = prefix + "self_attn.";
+  auto add = [&](const char* suffix, std::vector<int64_t> shape, S storage, Role role,
+                 TpSplit split = TpSplit::replicated, int64_t unit = 1) {
+    spec.tensors.push_back({a + suffix, std::move(shape), storage, layer, Part::attention, role, -1, split, unit});
+  };
+  // q_a and kv_a are small and feed every head, so each rank keeps them whole (as vLLM's
+  // ReplicatedLinear); the per-head projections split by head.
+  if (c.q_lora_rank) {
+    const int64_t q_lora = *c.q_lora_rank;
+    add("q_a_proj.weight", {q_lora, H}, S::matrix, Role::q_a_proj);
+    add("q_a_layernorm.weight", {q_lora}, S::vector, Role::q_a_norm);
+    add("q_b_proj.weight", {heads * qk, q_lora}, S::matrix, Role::q_b_proj, TpSplit::column, qk);
+  } else {
+    add("q_proj.weight", {heads * qk, H}, S::matrix, Role::q_proj, TpSplit::column, qk);
+  }
+  add("kv_a_proj_with_mqa.weight", {kv_lora + rope, H}, S::matrix, Role::kv_a_proj);
+  add("kv_a_layernorm.weight", {kv_lora}, S::vector, Role::kv_a_norm);
+  add("kv_b_proj.weight", {heads * nope_v, kv_lora}, S::matrix, Role::kv_b_proj, TpSplit::column, nope_v);
+  add("o_proj.weight", {H, heads * c.v_head_dim}, S::matrix, Role::o_proj, TpSplit::row, c.v_head_dim);
+}
+
+void add_dense_mlp(WeightSpec& spec, int64_t layer, const std::string& prefix) {
+  add_mlp(spec, layer, prefix + "mlp.", Part::dense_mlp, spec.config.intermediate_size);
+}
+
+void add_moe(WeightSpec& spec, int64_t layer, const std::string& prefix) {
+  const ModelConfig& c = spec.config;
+  const int64_t E = c.n_routed_experts;
+  const std::string m = prefix + "mlp.";
+  spec.tensors.push_back({m + "gate.weight", {E, c.hidden_size}, S::matrix_no_quant, layer, Part::router, Role::weight});
+  // Only noaux_tc checkpoints carry the selection bias.
+  if (c.topk_method == "noaux_tc")
+    spec.tensors.push_back({m + "gate.e_score_correction_bias", {E}, S::vector, layer, Part::router, Role::score_bias});
+  for (int64_t e = 0; e < E; ++e)
+    add_mlp(spec, layer, m + "experts." + std::to_string(e) + ".", Part::routed_expert, c.moe_intermediate_size, e);
+  if (c.n_shared_experts > 0)
+    add_mlp(spec, layer, m + "shared_experts.", Part::shared_experts, c.n_shared_experts * c.moe_intermediate_size);
+}
+
+}  // namespace moat

@@ -1,0 +1,133 @@
+// A model's weights as one table: for a config, every tensor the checkpoint must hold, with its
+// HF name, shape, storage, the layer part and role it plays, and how tensor parallelism splits
+// it. Each architecture writes its table once (models/deepseek_v3_spec.cpp) and every consumer
+// reads it: validate_checkpoint, DeepseekModel::load_weights (which binds each entry to its slot),
+// the model's active-weight counts and `moat plan`'s sizing (plan/model_size.cpp). A tensor's
+// name or shape written anywhere else is a second source that can drift.
+//
+// Layers carry a kind per sublayer so a hybrid model (Kimi Linear / K3: KDA layers among MLA
+// layers, a latent MoE) is a table whose layers mix kinds, built from the same part builders.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+#include "config/model_config.h"
+#include "loader/checkpoint.h"
+#include "loader/weight_map.h"
+
+namespace moat {
+
+enum class AttentionKind { mla };       // later: kda
+enum class FfnKind { dense, moe };      // later: latent_moe
+
+struct LayerSpec {
+  int64_t index = 0;
+  AttentionKind attention = AttentionKind::mla;
+  FfnKind ffn = FfnKind::dense;
+};
+
+// Where a tensor sits. Outside the decoder layers: embedding, lm_head, final_norm.
+enum class Part {
+  embedding,       // model.embed_tokens
+  lm_head,
+  final_norm,      // model.norm
+  layer_norms,     // a layer's input_layernorm and post_attention_layernorm (around both sublayers)
+  attention,       // self_attn.*
+  dense_mlp,       // mlp.{gate,up,down}_proj of a dense layer
+  router,          // mlp.gate.weight and its e_score_correction_bias
+  routed_expert,   // mlp.experts.{expert}.*
+  shared_experts,  // mlp.shared_experts.*: one MLP of width n_shared * moe_intermediate
+};
+
+// What a tensor does inside its part.
+enum class Role {
+  weight,             // a part's one weight: embedding and lm_head [vocab, hidden], final norm
+                      // [hidden], router gate [E, hidden]
+  input_norm,         // [hidden]
+  post_attention_norm,  // [hidden]
+  // MLA
+  q_a_proj,           // [q_lora, hidden]
+  q_a_norm,           // [q_lora]
+  q_b_proj,           // [heads * (nope + rope), q_lora]
+  q_proj,             // [heads * (nope + rope), hidden] when q_lora_rank is null
+  kv_a_proj,          // kv_a_proj_with_mqa [kv_lora + rope, hidden]
+  kv_a_norm,          // [kv_lora]
+  kv_b_proj,          // [heads * (nope + v), kv_lora]: per head W_UK then W_UV
+  o_proj,             // [hidden, heads * v]
+  // MLP (dense, routed expert, shared experts)
+  gate_proj,          // [inter, hidden]
+  up_proj,            // [inter, hidden]
+  down_proj,          // [hidden, inter]
+  score_bias,         // router e_score_correction_bias [E] (noaux_tc)
+};
+
+// How tensor parallelism splits a tensor across ranks (issue 15). Dimensions are the
+// checkpoint's: dim 0 = output features (rows), dim 1 = input features.
+enum class TpSplit {
+  replicated,  // every rank holds all of it: norms, router, and q_a / kv_a, whose outputs every head reads
+  column,      // dim 0 split, split_unit rows at a time (a head): each rank computes its heads / its slice of the intermediate
+  row,         // dim 1 split, split_unit columns at a time: partial sums, one all-reduce after
+  vocab,       // dim 0 split by token id: vocabulary-parallel embedding and lm_head
+  expert,      // whole on the rank that owns the expert (EP); TP inside an expert would split
+               // gate/up by column and down by row, as a dense MLP
+};
+
+struct TensorSpec {
+  std::string name;             // HF name, e.g. "model.layers.3.self_attn.kv_b_proj.weight"
+  std::vector<int64_t> shape;   // [n] or [out, in]
+  TensorStorage storage = TensorStorage::matrix;
+  int64_t layer = -1;           // -1 outside the decoder layers
+  Part part = Part::attention;
+  Role role = Role::o_proj;
+  int64_t expert = -1;          // routed_expert only: 0..E-1
+  TpSplit split = TpSplit::replicated;
+  int64_t split_unit = 1;       // column/row: rows/columns that stay on one rank (a head's), else 1
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+  bool is_matrix() const { return storage != TensorStorage::vector; }
+};
+
+struct WeightSpec {
+  ModelConfig config;               // the table's source; validation reads its quantization
+  std::vector<LayerSpec> layers;    // [num_hidden_layers]; MTP layers are not part of the model
+  std::vector<TensorSpec> tensors;  // embedding, then layer by layer, then final norm and lm_head
+  // Routed experts a token uses per MoE layer (num_experts_per_tok) and the count per layer.
+  int64_t experts_per_token = 0;
+  int64_t routed_experts = 0;
+
+  // The tensor with this name, or nullptr.
+  const TensorSpec* find(std::string_view name) const;
+  // Does one decode token read this tensor? Everything but the routed experts it is not sent to;
+  // which k experts is a routing decision, so the first k of every layer stand for them (all
+  // experts of a layer share shapes and dtypes). The embedding is read one row per token.
+  bool read_per_token(const TensorSpec& t) const {
+    return t.part != Part::routed_expert || t.expert < experts_per_token;
+  }
+};
+
+// Checks every tensor of the spec against the checkpoint (presence, shape, dtype for its storage,
+// fp8 block scales); returns the first problem, naming the tensor and the shard. Tensors the spec
+// does not list (MTP layers, rotary caches) are ignored.
+Status validate_checkpoint(const Checkpoint& ckpt, const WeightSpec& spec);
+
+// Part builders: an architecture's table is a sequence of these, one per part of each layer, so a
+// hybrid model reuses them with a different kind per layer. `prefix` is the layer's name prefix
+// ("model.layers.3.").
+void add_layer_norms(WeightSpec& spec, int64_t layer, const std::string& prefix);
+void add_mla_attention(WeightSpec& spec, int64_t layer, const std::string& prefix);
+void add_dense_mlp(WeightSpec& spec, int64_t layer, const std::string& prefix);
+void add_moe(WeightSpec& spec, int64_t layer, const std::string& prefix);
+
+// The DeepSeek-V3 / V2 / Kimi K2 table (models/deepseek_v3_spec.cpp).
+WeightSpec deepseek_v3_weight_spec(const ModelConfig& config);
+
+}  // namespace moat
