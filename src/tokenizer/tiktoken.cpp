@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <fstream>
+#include <unordered_map>
 
 #include "tokenizer/byte_level.h"
 #include "tokenizer/tokenizer_data.h"
@@ -50,6 +51,7 @@ Result<std::shared_ptr<const TokenizerData>> load_tiktoken(const std::filesystem
   if (!in) return make_error("{}: cannot open file", what);
 
   StringMap<int32_t> ranks;
+  std::unordered_map<int32_t, size_t> line_of_rank;
   int32_t num_base = 0;
   std::string line;
   for (size_t line_number = 1; std::getline(in, line); ++line_number) {
@@ -67,8 +69,16 @@ Result<std::shared_ptr<const TokenizerData>> load_tiktoken(const std::filesystem
     if (!bytes || bytes->empty() || ec != std::errc() || end != last || rank < 0) {
       return make_error("{}:{}: expected \"<base64 token> <rank>\"", what, line_number);
     }
+    if (rank > kMaxTokenId - tiktoken::kNumReservedSpecialTokens) {
+      return make_error("{}:{}: rank {} out of range (expected 0 to {})", what, line_number, rank,
+                        kMaxTokenId - tiktoken::kNumReservedSpecialTokens);
+    }
     if (!ranks.emplace(*bytes, rank).second) {
       return make_error("{}:{}: token listed twice", what, line_number);
+    }
+    // Two tokens with one rank would share an id, and decode could not tell them apart.
+    if (const auto [it, added] = line_of_rank.emplace(rank, line_number); !added) {
+      return make_error("{}:{}: rank {} already given on line {}", what, line_number, rank, it->second);
     }
     num_base = std::max(num_base, rank + 1);
   }

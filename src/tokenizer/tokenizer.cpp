@@ -59,7 +59,8 @@ Result<AddedToken> parse_added_token(const json& entry, int64_t id, const std::s
   if (!entry.is_object() || !entry.contains("content") || !entry["content"].is_string()) {
     return make_error("{}: must be an object with a string \"content\"", where);
   }
-  if (id < 0 || id > INT32_MAX) return make_error("{}: id {} out of range", where, id);
+  if (id < 0 || id > kMaxTokenId)
+    return make_error("{}: id {} out of range (expected 0 to {})", where, id, kMaxTokenId);
   AddedToken token;
   token.id = static_cast<int32_t>(id);
   token.content = entry["content"].get<std::string>();
@@ -251,8 +252,9 @@ Result<std::shared_ptr<const TokenizerData>> load_tokenizer_json(const fs::path&
   vocab.reserve(vocab_it->size());
   int64_t max_id = -1;
   for (const auto& [token, id] : vocab_it->items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
-      return make_error("{}: model.vocab[\"{}\"] must be a non-negative integer id", what, token);
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxTokenId) {
+      return make_error("{}: model.vocab[\"{}\"] must be a non-negative integer id (at most {}), got {}", what,
+                        token, kMaxTokenId, id.dump());
     }
     vocab.emplace(token, static_cast<int32_t>(id.get<int64_t>()));
     max_id = std::max(max_id, id.get<int64_t>());

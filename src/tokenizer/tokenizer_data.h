@@ -17,6 +17,10 @@
 
 namespace moat {
 
+// The largest token id a vocabulary file may use. The per-id tables are sized by the largest id,
+// so one id of 2^31 in a hostile file would allocate ~100 GB; real vocabularies stay below 2^20.
+inline constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
+
 struct TokenizerData {
   BpeModel model;
   PreTokenizer pre_tokenizer;
