@@ -543,13 +543,6 @@ void OpenAIServer::routes() {
         return false;
       }
     }
-    if (req.body.size() > options_.max_body_bytes) {  // chunked uploads bypass httplib's limit
-      send_error(res, ApiError{.status = 413,
-                               .message = fmt::format("the request body ({} bytes) is larger than the {} bytes the "
-                                                      "server accepts (--max-body-bytes)", req.body.size(), options_.max_body_bytes),
-                               .code = "request_too_large"});
-      return false;
-    }
     if (needs_model && !ready_.load(std::memory_order_acquire)) {
       send_error(res, ApiError{.status = 503, .message = "the model is still loading", .type = "service_unavailable_error",
                                .code = "loading"});
@@ -563,15 +556,48 @@ void OpenAIServer::routes() {
     return true;
   };
 
+  // The body, read here rather than by httplib: httplib 0.11 enforces its payload limit on
+  // Content-Length bodies only and would buffer a chunked upload of any size. Past the limit the
+  // rest is read and dropped, so the connection stays in step for its next request.
+  auto read_body = [this](const httplib::ContentReader& reader, httplib::Response& res, std::string& body) {
+    bool too_large = false;
+    const bool read = reader([&](const char* data, size_t n) {
+      if (too_large || body.size() + n > options_.max_body_bytes) too_large = true;
+      else body.append(data, n);
+      return true;
+    });
+    if (too_large || res.status == 413) {
+      send_error(res, ApiError{.status = 413,
+                               .message = fmt::format("the request body is larger than the {} bytes the server accepts "
+                                                      "(--max-body-bytes)", options_.max_body_bytes),
+                               .code = "request_too_large"});
+      return false;
+    }
+    if (!read) {
+      send_error(res, ApiError{.status = 400, .message = "the request body could not be read"});
+      return false;
+    }
+    return true;
+  };
+
   auto known_model = [this](const std::string& name) {
     if (name.empty() || name == options_.served_model_name) return true;
     return std::find(options_.model_aliases.begin(), options_.model_aliases.end(), name) != options_.model_aliases.end();
   };
 
+  // httplib 0.11 sends every POST (with a body or not) to the content-reader handlers.
+  auto post = [this, read_body](const std::string& path, auto handle) {
+    http_->Post(path, [read_body, handle](const httplib::Request& req, httplib::Response& res,
+                                          const httplib::ContentReader& reader) {
+      std::string body;
+      if (read_body(reader, res, body)) handle(req, res, body);
+    });
+  };
+
   auto generate = [this, admit, known_model](Api api) {
-    return [this, admit, known_model, api](const httplib::Request& req, httplib::Response& res) {
+    return [this, admit, known_model, api](const httplib::Request& req, httplib::Response& res, const std::string& body) {
       if (!admit(req, res, true)) return;
-      auto parsed = parse_request(req.body, api, options_.limits);
+      auto parsed = parse_request(body, api, options_.limits);
       if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
       OpenAIRequest& request = std::get<OpenAIRequest>(parsed);
       if (!known_model(request.model))
@@ -626,8 +652,8 @@ void OpenAIServer::routes() {
           [g](bool) { g->server->on_generation_end(g.get()); });
     };
   };
-  s.Post("/v1/completions", generate(Api::completions));
-  s.Post("/v1/chat/completions", generate(Api::chat));
+  post("/v1/completions", generate(Api::completions));
+  post("/v1/chat/completions", generate(Api::chat));
 
   s.Get("/v1/models", [this, admit](const httplib::Request& req, httplib::Response& res) {
     if (!admit(req, res, false)) return;
@@ -659,16 +685,15 @@ void OpenAIServer::routes() {
   });
 
   auto tokens_route = [this, admit](bool encode) {
-    return [this, admit, encode](const httplib::Request& req, httplib::Response& res) {
+    return [this, admit, encode](const httplib::Request& req, httplib::Response& res, const std::string& body) {
       if (!admit(req, res, true)) return;
-      auto out = encode ? tokenize(req.body, model_.info) : detokenize(req.body, model_.info);
+      auto out = encode ? tokenize(body, model_.info) : detokenize(body, model_.info);
       if (auto* e = std::get_if<ApiError>(&out)) return send_error(res, *e);
-      const json& body = std::get<json>(out);
-      res.set_content(dump(body), "application/json");
+      res.set_content(dump(std::get<json>(out)), "application/json");
     };
   };
-  s.Post("/tokenize", tokens_route(true));
-  s.Post("/detokenize", tokens_route(false));
+  post("/tokenize", tokens_route(true));
+  post("/detokenize", tokens_route(false));
 }
 
 }  // namespace moat::server

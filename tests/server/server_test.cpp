@@ -576,6 +576,27 @@ TEST(Server, ErrorsAreOpenAIsAndTheServerGoesOn) {
   auto big = c->Post("/v1/completions", std::string(2 << 20, ' '), "application/json");
   ASSERT_TRUE(big);
   expect_error(json::parse(big->body), big->status, 413, "larger than", "request_too_large");
+  // A chunked upload has no Content-Length for httplib to check: the server counts it itself,
+  // and reads the rest so that the connection serves its next request.
+  httplib::Client chunked("127.0.0.1", s.server->port());
+  chunked.set_keep_alive(true);
+  const std::string piece(64 << 10, ' ');
+  auto up = chunked.Post(
+      "/v1/completions",
+      [&](size_t offset, httplib::DataSink& sink) {
+        if (offset >= (4u << 20)) sink.done();
+        else sink.write(piece.data(), piece.size());
+        return true;
+      },
+      "application/json");
+  ASSERT_TRUE(up);
+  expect_error(json::parse(up->body), up->status, 413, "larger than", "request_too_large");
+  auto next = chunked.Post("/v1/completions", R"({"prompt": "A", "max_tokens": 2})", "application/json");
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->status, 200) << "the same connection goes on";
+  auto no_body = c->Post("/v1/completions");
+  ASSERT_TRUE(no_body);
+  expect_error(json::parse(no_body->body), no_body->status, 400, "malformed JSON");
   json empty = post_json(*c, "/v1/chat/completions", {{"messages", json::array()}}, &status);
   expect_error(empty, status, 400, "at least one message");
   expect_serves(s);
