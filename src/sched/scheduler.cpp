@@ -12,10 +12,11 @@ Scheduler::Scheduler(const SchedulerConfig& config)
 }
 
 Status Scheduler::check_fits(int64_t prompt_tokens, int64_t max_tokens) const {
+  // Compared without adding first: a max_tokens near INT64_MAX must not wrap around into "fits".
+  if (max_tokens > config_.max_model_len - prompt_tokens)
+    return make_error("prompt ({} tokens) + max_tokens ({}) exceeds the context of {} tokens", prompt_tokens,
+                      max_tokens, config_.max_model_len);
   const int64_t total = prompt_tokens + max_tokens;
-  if (total > config_.max_model_len)
-    return make_error("prompt ({} tokens) + max_tokens ({}) = {} exceeds the context of {} tokens", prompt_tokens,
-                      max_tokens, total, config_.max_model_len);
   if (blocks_for(total) > pool_.num_blocks())
     return make_error("prompt ({} tokens) + max_tokens ({}) needs {} KV blocks of {} tokens; the cache has {} in all",
                       prompt_tokens, max_tokens, blocks_for(total), config_.block_size, pool_.num_blocks());

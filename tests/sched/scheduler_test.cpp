@@ -92,6 +92,10 @@ TEST(Scheduler, ARequestLargerThanThePoolIsRefusedWithNumbers) {
   auto too_long = s.add(make_request(2, 1000, 100));
   ASSERT_FALSE(too_long.ok());
   EXPECT_NE(too_long.error().message.find("exceeds the context of 1024"), std::string::npos);
+  // A max_tokens near INT64_MAX must not wrap the sum into something that fits.
+  auto wraps = s.add(make_request(3, 6, INT64_MAX - 2));
+  ASSERT_FALSE(wraps.ok());
+  EXPECT_NE(wraps.error().message.find("exceeds the context of 1024"), std::string::npos) << wraps.error().message;
 }
 
 TEST(Scheduler, AbortFreesBlocksAtOnceMidPrefillAndMidDecode) {
