@@ -18,10 +18,13 @@ thread_local bool t_inside_pool = false;
 // How long an idle worker spins before sleeping: longer than the gap between the kernels of one
 // decode step, far shorter than the gap between requests.
 constexpr auto kSpinBudget = std::chrono::microseconds(200);
+// Pause iterations the caller spins for chunks others are running before it yields its core: the
+// thread running one may be waiting for this very core.
+constexpr int kCallerSpins = 4000;
 }  // namespace
 
 ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {
-  for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this] { worker_loop(); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -33,13 +36,24 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::run_chunk(int chunk) {
-  const int64_t begin = job_n_ * chunk / job_chunks_;
-  const int64_t end = job_n_ * (chunk + 1) / job_chunks_;
-  if (begin < end) (*job_)(begin, end);
+void ThreadPool::run_claimed_chunks() {
+  uint64_t v = claim_.load(std::memory_order_acquire);
+  for (;;) {
+    const int chunks = job_chunks_.load(std::memory_order_relaxed);
+    const auto chunk = static_cast<int>(v & 0xffffffffu);
+    if (chunk >= chunks) return;
+    const auto* fn = job_.load(std::memory_order_relaxed);
+    const int64_t n = job_n_.load(std::memory_order_relaxed);
+    // Succeeds only if the job these fields were read under is still the current one.
+    if (!claim_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+    const int64_t begin = n * chunk / chunks, end = n * (chunk + 1) / chunks;
+    if (begin < end) (*fn)(begin, end);
+    chunks_done_.fetch_add(1, std::memory_order_acq_rel);
+    v = claim_.load(std::memory_order_acquire);
+  }
 }
 
-void ThreadPool::worker_loop(int index) {
+void ThreadPool::worker_loop() {
   t_inside_pool = true;
   uint64_t seen = 0;
   for (;;) {
@@ -63,8 +77,7 @@ void ThreadPool::worker_loop(int index) {
     }
     if (stop_.load()) return;
     seen = current;
-    if (index < job_chunks_) run_chunk(index);
-    pending_.fetch_sub(1, std::memory_order_release);
+    run_claimed_chunks();
   }
 }
 
@@ -78,20 +91,24 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     return;
   }
   std::lock_guard<std::mutex> caller_lock(caller_mutex_);
-  job_ = &fn;
-  job_n_ = n;
-  job_chunks_ = chunks;
-  pending_.store(num_threads_ - 1, std::memory_order_relaxed);
-  generation_.fetch_add(1);  // seq_cst: publishes the job and pairs with sleepers_ below
+  job_.store(&fn, std::memory_order_relaxed);
+  job_n_.store(n, std::memory_order_relaxed);
+  job_chunks_.store(chunks, std::memory_order_relaxed);
+  chunks_done_.store(0, std::memory_order_relaxed);
+  claim_.store(static_cast<uint64_t>(++job_seq_) << 32, std::memory_order_release);  // publishes the job
+  generation_.fetch_add(1);  // seq_cst: wakes spinning workers and pairs with sleepers_ below
   if (sleepers_.load() > 0) {
     std::lock_guard<std::mutex> lock(sleep_mutex_);
     wake_cv_.notify_all();
   }
   t_inside_pool = true;
-  run_chunk(0);
+  run_claimed_chunks();
   t_inside_pool = false;
-  while (pending_.load(std::memory_order_acquire) != 0) MOAT_CPU_RELAX();
-  job_ = nullptr;
+  // Every chunk is claimed; wait for the ones others are still running.
+  for (int i = 0; chunks_done_.load(std::memory_order_acquire) != chunks; ++i) {
+    MOAT_CPU_RELAX();
+    if (i >= kCallerSpins) std::this_thread::yield();
+  }
 }
 
 namespace {

@@ -3,7 +3,10 @@
 //
 // Decode issues a few hundred parallel_for calls per token, each only tens of microseconds long,
 // so dispatch latency matters: workers spin briefly on an atomic generation counter before
-// sleeping on a condition variable, and the caller spins for the (short) tail of the others.
+// sleeping on a condition variable. Chunks are claimed, not assigned: the caller and the workers
+// take chunk indices from one atomic counter, so when a worker is descheduled (a busy machine, a
+// server's own threads) the caller runs its chunks instead of waiting a whole time slice for it,
+// and the caller only ever waits for chunks already being run.
 #pragma once
 
 #include <atomic>
@@ -29,21 +32,30 @@ class ThreadPool {
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t grain = 1);
 
  private:
-  void worker_loop(int index);
-  void run_chunk(int chunk);
+  void worker_loop();
+  // Claims and runs chunks of the current job until none is left.
+  void run_claimed_chunks();
 
   int num_threads_;
   std::vector<std::thread> workers_;
   std::mutex caller_mutex_;  // one job at a time, whichever thread submits it
   std::mutex sleep_mutex_;
   std::condition_variable wake_cv_;
-  std::atomic<uint64_t> generation_{0};  // bumped once per job; publishes the job fields below
-  std::atomic<int> pending_{0};          // workers still inside the current job
+  std::atomic<uint64_t> generation_{0};  // bumped once per job, to wake the workers
+  // (job sequence << 32) | next chunk index. A chunk is claimed by a compare-exchange on the value
+  // the claimer read the job's fields under, so a worker that read a finished job's fields can
+  // never claim a chunk of the next one; the caller publishes a job with a release store.
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<int> chunks_done_{0};
   std::atomic<int> sleepers_{0};
   std::atomic<bool> stop_{false};
-  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
-  int64_t job_n_ = 0;
-  int job_chunks_ = 0;
+  // The current job, written by the caller before it publishes the job in claim_; atomic (relaxed)
+  // only because a straggler may read them while the next job is being written, and then fails
+  // its claim.
+  std::atomic<const std::function<void(int64_t, int64_t)>*> job_{nullptr};
+  std::atomic<int64_t> job_n_{0};
+  std::atomic<int> job_chunks_{0};
+  uint32_t job_seq_ = 0;  // caller only, under caller_mutex_
 };
 
 // The process-wide pool. Size it once at startup (CLI --threads); defaults to hardware threads.

@@ -72,6 +72,31 @@ TEST(ThreadPool, JobsRunExactlyOnceAcrossSpinAndSleep) {
   }
 }
 
+// More pool threads than cores, and jobs of different sizes back to back: workers are often
+// descheduled mid-job, the caller then runs their chunks itself, and a worker that wakes late
+// must never run a chunk of the job after the one it woke for (each range is stamped with its
+// job, so a chunk run under the wrong job or twice is counted).
+TEST(ThreadPool, LateWorkersNeverRunAChunkOfTheNextJob) {
+  ThreadPool pool(8);
+  std::vector<int> stamp(64, -1);
+  std::atomic<int64_t> wrong{0}, total{0};
+  int64_t expected = 0;
+  for (int job = 0; job < 20000; ++job) {
+    const int64_t n = 1 + job % 64;
+    pool.parallel_for(n, [&, job](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        if (stamp[i] == job) ++wrong;  // this index already ran in this job
+        stamp[i] = job;
+      }
+      total += e - b;
+    });
+    for (int64_t i = 0; i < n; ++i) wrong += stamp[i] != job;
+    expected += n;
+  }
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(total.load(), expected);
+}
+
 TEST(ThreadPool, NestedCallsRunInline) {
   ThreadPool pool(2);
   std::atomic<int> inner{0};
