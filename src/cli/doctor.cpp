@@ -1,5 +1,5 @@
 // moat doctor: what every op on a model's path resolves to on a backend, and why.
-//   moat doctor [--model DIR] [--backend cpu|cuda|reference] [--tp N]
+//   moat doctor [--model DIR] [--backend cpu|cuda|reference] [--tp N] [--kv-dtype bf16|fp8|fp32]
 //       prints each op the model runs (every matmul dtype, attention at its heads per rank, the
 //       router, every sampling op) with Kernel / PadHeads / Fallback / Unsupported and the reasons
 //       better candidates were rejected; exits 1 if anything is Unsupported.
@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "cli/command.h"
+#include "kv/latent_cache.h"
 #include "config/model_config.h"
 #include "models/op_needs.h"
 #include "models/registry.h"
@@ -23,6 +24,7 @@ struct DoctorArgs {
   std::string model;
   std::string backend = "cpu";
   int64_t tp = 1;
+  std::string kv_dtype = "bf16";
   bool ops_table = false;
   std::string out;
 };
@@ -76,7 +78,12 @@ int run_doctor(const DoctorArgs& a) {
     fmt::print(stderr, "error: {}: {}\n", dir, spec.error().message);
     return 1;
   }
-  auto needs = model_op_needs(*config, a.tp);
+  auto kv = parse_kv_dtype(a.kv_dtype);
+  if (!kv) {
+    fmt::print(stderr, "error: {}\n", kv.error().message);
+    return 2;
+  }
+  auto needs = model_op_needs(*config, a.tp, *kv);
   if (!needs) {
     fmt::print(stderr, "error: --tp {}: {}\n", a.tp, needs.error().message);
     return 1;
@@ -120,6 +127,7 @@ void setup(CLI::App& sub, int& exit_code) {
   sub.add_option("--model", args->model, "Model directory with config.json (default: the shipped model)");
   sub.add_option("--backend", args->backend, "reference | cpu | cuda")->capture_default_str();
   sub.add_option("--tp", args->tp, "Tensor-parallel degree (heads per rank = heads / tp)")->capture_default_str();
+  sub.add_option("--kv-dtype", args->kv_dtype, "latent KV cache element type: bf16, fp8, fp32")->capture_default_str();
   sub.add_flag("--ops-table", args->ops_table, "Print the op x backend x kernel table (docs/ops.md)");
   sub.add_option("--out", args->out, "With --ops-table: write the table to this file");
   sub.callback([args, &exit_code] { exit_code = run_doctor(*args); });
