@@ -1,5 +1,7 @@
 #include "server/server.h"
 
+#include <sys/socket.h>
+
 #include <httplib.h>
 
 #include <algorithm>
@@ -399,6 +401,19 @@ OpenAIServer::OpenAIServer(ServerOptions options)
 OpenAIServer::~OpenAIServer() { stop(); }
 
 Status OpenAIServer::bind() {
+  // Debian's libcpp-httplib is compiled with a listen backlog of 5: a burst of clients
+  // connecting at once (64 streams opening together) overflowed the accept queue and some got no
+  // response at all. Keep the listening socket (also setting the SO_REUSEADDR httplib's default
+  // options set) and listen on it again with a real backlog once it is bound.
+  int listen_fd = -1;
+  http_->set_socket_options([&listen_fd](socket_t fd) {
+    int yes = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    listen_fd = fd;
+  });
+  auto widen_backlog = [&listen_fd] {
+    if (listen_fd >= 0) ::listen(listen_fd, 1024);
+  };
   if (options_.port == 0) {
     port_ = http_->bind_to_any_port(options_.host);
     if (port_ < 0) return make_error("cannot bind {} on any port", options_.host);
@@ -407,6 +422,7 @@ Status OpenAIServer::bind() {
       return make_error("cannot bind {}:{} (in use, or not an address of this machine?)", options_.host, options_.port);
     port_ = options_.port;
   }
+  widen_backlog();
   return ok_status();
 }
 

@@ -263,25 +263,16 @@ TEST(ServerLoad, SixtyFourStreamingClientsGetWhatTheyGetAlone) {
   constexpr int kClients = 64, kTokens = 16;
   const std::vector<Stream> want = alone(kClients, kTokens);
   std::vector<Stream> got(kClients);
-  // Each client opens its kept-alive connection first, one after another (a GET /health), and
-  // then all 64 send their streaming request together. Opening 64 connections in one burst is
-  // left out on purpose: the packaged libcpp-httplib listens with a backlog of 5 (compiled in,
-  // CPPHTTPLIB_LISTEN_BACKLOG), and on a loaded machine the overflowing accept queue drops some
-  // of them (httplib error "Read"): a server issue of its own, reported, not this test's subject.
+  // All 64 connect and send together: the server listens with a backlog of 1024 (the packaged
+  // libcpp-httplib's compiled-in 5 overflowed and dropped connections in a burst like this one).
   std::vector<std::unique_ptr<httplib::Client>> clients;
-  for (int i = 0; i < kClients; ++i) {
-    clients.push_back(load_server().client());
-    clients.back()->set_keep_alive(true);
-    auto h = clients.back()->Get("/health");
-    ASSERT_TRUE(h) << i;
-    ASSERT_EQ(h->status, 200);
-  }
+  for (int i = 0; i < kClients; ++i) clients.push_back(load_server().client());
   std::atomic<int> ready{0};
   std::vector<std::thread> threads;
   for (int i = 0; i < kClients; ++i)
     threads.emplace_back([&, i] {
       ready.fetch_add(1);
-      while (ready.load() < kClients) std::this_thread::yield();  // all 64 send together
+      while (ready.load() < kClients) std::this_thread::yield();  // all 64 connect and send together
       got[i] = stream_completion(*clients[i], stream_body(prompt_of(i), kTokens));
     });
   for (auto& t : threads) t.join();
