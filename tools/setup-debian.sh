@@ -19,3 +19,18 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+# The end-to-end test with the official OpenAI client library (tests/server/openai_client) needs
+# Node.js and the `openai` npm package from the npm registry. Without them that one test skips
+# (ctest reports it), so a machine without the registry still builds and tests everything else.
+root="$(cd "$(dirname "$0")/.." && pwd)"
+if [[ -f "$root/tests/server/openai_client/package-lock.json" ]]; then
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nodejs npm || true
+  fi
+  if command -v npm >/dev/null && [[ ! -d "$root/tests/server/openai_client/node_modules/openai" ]]; then
+    npm ci --silent --no-audit --no-fund --prefix "$root/tests/server/openai_client" ||
+      echo "setup-debian.sh: npm ci failed (no registry?): the OpenAI client library test will skip" >&2
+  fi
+fi
