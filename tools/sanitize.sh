@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Sanitizer builds of moat's test suite (g++, the product compiler).
 #
-#   tools/sanitize.sh [asan|tsan|all]      (default: all)
+#   tools/sanitize.sh [asan|asan-quick|tsan|all]      (default: all)
 #
 # asan: build-asan/ with -fsanitize=address,undefined (UBSan stops at the first report, LeakSanitizer
 #       on), then every test except ASAN_EXCLUDE below, with ctest -j2.
+# asan-quick: the same build, only the tests of the code that reads outside files and needs no
+#       kernels (test_base, test_config, test_loader, test_tokenizer, test_chat_template, test_kv):
+#       what CI runs (.ci/run), a fraction of the full build.
 # tsan: build-tsan/ with -fsanitize=thread, then the tests of the code that runs threads: the thread
 #       pool (test_base) and the engine core with its AsyncEngine front (test_engine).
 # Exit status: non-zero when a build fails or any test fails or reports. Logs: build-*/sanitize.log.
@@ -20,16 +23,37 @@ ASAN_EXCLUDE='^(NoSpill\.|PerformanceTest\.)'
 
 common=(-DCMAKE_BUILD_TYPE=Sanitize -DMOAT_CUDA=OFF -DCMAKE_CXX_FLAGS_SANITIZE="-O2 -g")
 
+asan_env=(ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1
+          UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
+
+configure_asan() {
+  local flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+  cmake -S . -B build-asan "${common[@]}" -DCMAKE_CXX_FLAGS="$flags" \
+        -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > /dev/null
+}
+
 run_asan() {
   local dir=build-asan
-  local flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
-  cmake -S . -B "$dir" "${common[@]}" -DCMAKE_CXX_FLAGS="$flags" \
-        -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > /dev/null
+  configure_asan
   cmake --build "$dir" -j"$jobs" > "$dir/build.log" 2>&1 || { tail -40 "$dir/build.log"; return 1; }
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1 \
-  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  env "${asan_env[@]}" \
     ctest --test-dir "$dir" --output-on-failure -j"$jobs" -E "$ASAN_EXCLUDE" 2>&1 | tee "$dir/sanitize.log" | tail -15
   return "${PIPESTATUS[0]}"
+}
+
+run_asan_quick() {
+  local dir=build-asan rc=0 t
+  local tests=(test_base test_config test_loader test_tokenizer test_chat_template test_kv)
+  configure_asan
+  cmake --build "$dir" -j"$jobs" --target "${tests[@]}" > "$dir/build.log" 2>&1 || {
+    tail -40 "$dir/build.log"; return 1; }
+  : > "$dir/sanitize.log"
+  for t in "${tests[@]}"; do
+    env "${asan_env[@]}" "$dir/$t" --gtest_filter="-PerformanceTest.*" >> "$dir/sanitize.log" 2>&1 || {
+      echo "$t failed"; rc=1; }
+  done
+  grep -E '^\[  (PASSED|FAILED) |^SUMMARY: ' "$dir/sanitize.log"
+  return $rc
 }
 
 run_tsan() {
@@ -50,8 +74,9 @@ run_tsan() {
 status=0
 case $what in
   asan) run_asan || status=1 ;;
+  asan-quick) run_asan_quick || status=1 ;;
   tsan) run_tsan || status=1 ;;
   all) run_asan || status=1; run_tsan || status=1 ;;
-  *) echo "usage: $0 [asan|tsan|all]"; exit 2 ;;
+  *) echo "usage: $0 [asan|asan-quick|tsan|all]"; exit 2 ;;
 esac
 exit $status
