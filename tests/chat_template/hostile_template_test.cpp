@@ -104,6 +104,14 @@ TEST(HostileTemplate, FormatIndexPastSizeT) {
   EXPECT_HAS(run("{{ [{'a': [1]}] | map(attribute='a.99999999999999999999') | list }}"), "=[");
 }
 
+TEST(HostileTemplate, StringSearchMethods) {
+  // tools/sanitize.sh finding: str.find/count/index read their argument through a reference into
+  // a temporary destroyed before the search (ASan: stack-use-after-scope).
+  EXPECT_EQ(run("{{ 'abcabc'.find('c') }} {{ 'abcabc'.rfind('c') }} {{ 'abcabc'.count('bc') }} "
+                "{{ 'abcabc'.index('b') }}"),
+            "=2 5 2 1");
+}
+
 TEST(HostileTemplate, MacrosRenderRepeatedly) {
   // Every render that defined a macro leaked its scopes (macro <-> scope reference cycle); the
   // sanitizer build (tools/sanitize.sh, LeakSanitizer) fails this test on the old renderer.

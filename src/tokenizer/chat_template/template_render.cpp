@@ -528,7 +528,8 @@ Value call_string_method(const std::string& s, const std::string& name, Args& ar
   if (name == "title") return Value::string(title_case(s));
   if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count") {
     Params p(name.c_str(), args, kw, {"sub"});
-    const std::string& sub = str_arg(p.required(0), "sub");
+    const Value sub_value = p.required(0);  // str_arg returns a reference into its argument
+    const std::string& sub = str_arg(sub_value, "sub");
     if (name == "count") {
       if (sub.empty()) return Value::integer(static_cast<int64_t>(code_point_count(s)) + 1);
       int64_t n = 0;
