@@ -18,6 +18,7 @@
 #include "engine/async_engine.h"
 #include "server/protocol.h"
 #include "server/server.h"
+#include "k3_nano_model.h"
 
 namespace moat::server {
 namespace {
@@ -28,25 +29,8 @@ const std::filesystem::path kModel = std::filesystem::path(MOAT_SOURCE_DIR) / "m
 constexpr int64_t kContext = 2048;
 const std::string kModelName = "k3-nano-load";
 
-struct Model {
-  std::unique_ptr<DeepseekModel> model;
-  Tokenizer tokenizer;
-  std::optional<ChatTemplate> tmpl;
-};
-
-std::unique_ptr<Model> load_model() {
-  auto m = std::make_unique<Model>();
-  auto loaded = DeepseekModel::load(kModel, {.backend = ops::Backend::cpu, .max_context = kContext, .exact_activations = true});
-  EXPECT_TRUE(loaded.ok()) << (loaded.ok() ? "" : loaded.error().message);
-  m->model = std::move(loaded).value();
-  auto t = Tokenizer::load(kModel);
-  EXPECT_TRUE(t.ok());
-  m->tokenizer = std::move(t).value();
-  auto p = ChatTemplate::parse(m->tokenizer.chat_template());
-  EXPECT_TRUE(p.ok());
-  m->tmpl = std::move(p).value();
-  return m;
-}
+using testing::Model;
+std::unique_ptr<Model> load_model() { return testing::load_k3_nano(kContext); }
 
 // One server for the whole file: 64 sequences may run in one batch.
 struct LoadServer {

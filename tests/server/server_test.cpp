@@ -13,6 +13,7 @@
 #include "engine/async_engine.h"
 #include "server/protocol.h"
 #include "server/server.h"
+#include "k3_nano_model.h"
 
 namespace moat::server {
 namespace {
@@ -22,25 +23,8 @@ using namespace std::chrono_literals;
 const std::filesystem::path kModel = std::filesystem::path(MOAT_SOURCE_DIR) / "models/k3-nano";
 constexpr int64_t kContext = 16384;  // long enough that a 16k-token request outlasts any client action
 
-struct Model {
-  std::unique_ptr<DeepseekModel> model;
-  Tokenizer tokenizer;
-  std::optional<ChatTemplate> tmpl;
-};
-
-std::unique_ptr<Model> load_model() {
-  auto m = std::make_unique<Model>();
-  auto loaded = DeepseekModel::load(kModel, {.backend = ops::Backend::cpu, .max_context = kContext, .exact_activations = true});
-  EXPECT_TRUE(loaded.ok()) << (loaded.ok() ? "" : loaded.error().message);
-  m->model = std::move(loaded).value();
-  auto t = Tokenizer::load(kModel);
-  EXPECT_TRUE(t.ok());
-  m->tokenizer = std::move(t).value();
-  auto p = ChatTemplate::parse(m->tokenizer.chat_template());
-  EXPECT_TRUE(p.ok());
-  m->tmpl = std::move(p).value();
-  return m;
-}
+using testing::Model;
+std::unique_ptr<Model> load_model() { return testing::load_k3_nano(kContext); }
 
 ModelInfo info_of(Model& m) {
   ModelInfo info;
