@@ -19,8 +19,11 @@ using EmbeddingFn = void (*)(const WeightMatrix& table, const int32_t* ids, int6
 struct MatmulPrecision {
   // Calls of at most this many tokens split x into bf16 hi + lo (two dot products per weight
   // vector, as accurate as fp32 FMAs); larger calls round x to bf16 once (prefill: twice the rate,
-  // ~4e-3 normalized error). Decode-sized calls (<= 16) always split: it is free there.
-  int64_t split_max_tokens = 16;
+  // ~4e-3 normalized error). Calls of <= 4 tokens always split: a GEMV that streams each weight
+  // once is bandwidth-bound there on every machine measured, so the second dot product is free.
+  // Batched decode feeds experts 5-16 rows, where it is not: at 64 streams on Zen 5 splitting
+  // them made a decode step 488 ms instead of 376 ms (engine_bench, one run).
+  int64_t split_max_tokens = 4;
   // fp8 weights split too (exact) instead of rounding x to bf16 (W8A16, the default).
   bool fp8_split = false;
 

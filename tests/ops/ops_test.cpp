@@ -7,7 +7,7 @@
 //
 // Error measure: normalized error = max|out - ref| / max|ref|. Tolerances:
 //   kExact   1e-5  fp32 arithmetic in a different order than the reference's double sums (and
-//                  cpu.matmul_avx512bf16 up to 16 tokens, where x is split into bf16 hi + lo)
+//                  cpu.matmul_avx512bf16 up to split_max_tokens, where x is split into bf16 hi + lo)
 //   kBf16Dot 1e-2  kernels that round activations to bf16 (8 significant bits) before the dot
 // A kernel the running CPU cannot execute is reported as "not supported here" (with its reasons)
 // and skipped, never silently passed.

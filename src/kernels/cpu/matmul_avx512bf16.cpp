@@ -4,7 +4,7 @@
 //
 // - The fp32 activations are converted to bf16 once per call (x_bf16: [T, Kp], Kp = K rounded up
 //   to 64, zero padded), so the inner loop is vdpbf16ps (fp32 accumulate). Calls of at most
-//   MatmulPrecision::split_max_tokens (default 16: decode) split x into bf16 hi + lo and each weight
+//   MatmulPrecision::split_max_tokens (default 4: one stream's decode) split x into bf16 hi + lo and each weight
 //   vector takes two dot products: as accurate as fp32 FMAs, and free when bandwidth-bound.
 //   Longer calls (prefill, compute-bound) round x to bf16 once: twice the dot-product rate,
 //   normalized error ~4e-3. n = max keeps every call exact (the golden tests, at 1e-3).
@@ -43,7 +43,7 @@ namespace moat::ops::cpu_avx512bf16 {
 namespace {
 
 constexpr int64_t kChunkBytes = 128 * 1024;  // weight rows kept in L2 while tokens sweep them
-constexpr int64_t kMinSplitTokens = 16;      // decode-sized calls always take the accurate path
+constexpr int64_t kMinSplitTokens = 4;       // single-stream decode calls always take the accurate path
 
 inline __mmask32 tail_mask(int64_t n) { return n >= 32 ? ~0u : static_cast<__mmask32>((1u << n) - 1u); }
 
