@@ -78,7 +78,9 @@ int run_generate(const GenerateArgs& a) {
     prompt.insert(prompt.end(), body.begin(), body.end());
   }
 
-  auto engine = Engine::create(**model, a.engine.config(a.max_context), &*tokenizer);
+  auto draft = a.engine.load_draft(a.model, a.max_context);
+  if (!draft) return fail(draft.error().message);
+  auto engine = Engine::create(**model, a.engine.config(a.max_context, draft->get()), &*tokenizer);
   if (!engine) return fail(engine.error().message);
   GenerateRequest request;
   request.prompt = prompt;
@@ -120,6 +122,11 @@ int run_generate(const GenerateArgs& a) {
              finish_reason_name(last.finish_reason), generated > 1 && decode_s > 0 ? (generated - 1) / decode_s : 0.0,
              thread_pool().num_threads(), ops::backend_name((*model)->ops().backend()),
              dtype_name((*model)->cache_shape().dtype), usage.ru_maxrss / 1024.0);
+  if (!a.engine.speculative.empty())
+    fmt::print(stderr, "speculative {}: {} guessed, {} accepted ({:.1f}%), {:.2f} tokens per verification step\n",
+               a.engine.speculative, last.draft_tokens, last.accepted_tokens,
+               last.draft_tokens ? 100.0 * last.accepted_tokens / last.draft_tokens : 0.0,
+               last.spec_steps ? static_cast<double>(last.accepted_tokens + last.spec_steps) / last.spec_steps : 0.0);
   return 0;
 }
 

@@ -32,10 +32,14 @@ void ModelOptions::add_to(CLI::App& sub) {
 
 Result<std::unique_ptr<DeepseekModel>> ModelOptions::load(int64_t max_context) const {
   MOAT_TRY(check_dir());
+  return load(dir(), max_context);
+}
+
+Result<std::unique_ptr<DeepseekModel>> ModelOptions::load(const std::string& model_dir, int64_t max_context) const {
   if (threads > 0) set_num_threads(threads);
   MOAT_ASSIGN_OR_RETURN(ops::Backend parsed, ops::parse_backend(backend));
   MOAT_ASSIGN_OR_RETURN(DType kv, parse_kv_dtype(kv_dtype));
-  return DeepseekModel::load(dir(), {.backend = parsed,
+  return DeepseekModel::load(model_dir, {.backend = parsed,
                                      .max_context = max_context,
                                      .exact_activations = exact,
                                      .weights = no_mmap ? WeightPlacement::memory : WeightPlacement::mmap,
@@ -52,9 +56,26 @@ void EngineOptions::add_to(CLI::App& sub) {
                  "tokens per engine step (prompt chunks + decode tokens)")
       ->check(CLI::PositiveNumber);
   sub.add_flag("--no-prefix-caching", no_prefix_caching, "do not reuse the KV blocks of shared prompt prefixes");
+  sub.add_option("--speculative", speculative,
+                 "speculative decoding: draft:DIR (a draft model with the target's tokenizer, e.g. "
+                 "draft:models/k3-nano-draft) or ngram (prompt lookup: guesses copied from the context)");
+  sub.add_option("--num-speculative-tokens", num_speculative_tokens, "tokens guessed per request and step (default 4)")
+      ->check(CLI::Range(1, 64));
 }
 
-EngineConfig EngineOptions::config(int64_t max_model_len) const {
+Result<std::unique_ptr<DeepseekModel>> EngineOptions::load_draft(const ModelOptions& target, int64_t max_context) const {
+  if (!speculative.starts_with("draft")) return std::unique_ptr<DeepseekModel>();
+  if (!speculative.starts_with("draft:") || speculative.size() == 6)
+    return make_error("--speculative {}: name the draft model's directory, draft:DIR", speculative);
+  const std::string dir = speculative.substr(6);
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) return make_error("--speculative draft:{}: no such directory", dir);
+  auto draft = target.load(dir, max_context);
+  if (!draft) return make_error("--speculative draft:{}: {}", dir, draft.error().message);
+  return draft;
+}
+
+EngineConfig EngineOptions::config(int64_t max_model_len, DeepseekModel* draft) const {
   EngineConfig c;
   c.block_size = block_size;
   c.kv_memory_bytes = static_cast<int64_t>(kv_memory_gib * 1024.0 * 1024.0 * 1024.0);
@@ -62,6 +83,11 @@ EngineConfig EngineOptions::config(int64_t max_model_len) const {
   c.max_num_batched_tokens = max_num_batched_tokens;
   c.max_num_seqs = max_num_seqs;
   c.enable_prefix_caching = !no_prefix_caching;
+  if (!speculative.empty()) {
+    c.speculative.method = speculative.starts_with("draft") ? "draft" : speculative;
+    c.speculative.num_tokens = num_speculative_tokens;
+    c.speculative.draft_model = draft;
+  }
   return c;
 }
 

@@ -26,6 +26,8 @@ struct ModelOptions {
   void add_to(CLI::App& sub);
   // Sizes the thread pool, then loads. Errors name the flag or the file at fault.
   Result<std::unique_ptr<DeepseekModel>> load(int64_t max_context) const;
+  // Another checkpoint with the same settings (a speculative draft).
+  Result<std::unique_ptr<DeepseekModel>> load(const std::string& dir, int64_t max_context) const;
 };
 
 // The engine's sizing flags (vLLM's names), shared by every command that runs the engine.
@@ -35,9 +37,14 @@ struct EngineOptions {
   int32_t max_num_seqs = 64;
   int64_t max_num_batched_tokens = 512;
   bool no_prefix_caching = false;
+  std::string speculative;  // "", "ngram" or "draft:DIR"
+  int32_t num_speculative_tokens = 4;
 
   void add_to(CLI::App& sub);
-  EngineConfig config(int64_t max_model_len) const;
+  // The draft model --speculative draft:DIR names (loaded like the target), or null.
+  Result<std::unique_ptr<DeepseekModel>> load_draft(const ModelOptions& target, int64_t max_context) const;
+  // draft: load_draft's model, kept alive by the caller as long as the engine.
+  EngineConfig config(int64_t max_model_len, DeepseekModel* draft = nullptr) const;
 };
 
 }  // namespace moat::cli

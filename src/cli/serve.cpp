@@ -131,7 +131,9 @@ int run_serve(const ServeArgs& a) {
   }
   auto model = a.model.load(max_context);
   if (!model) return give_up(model.error().message);
-  auto engine = Engine::create(**model, a.engine.config(max_context), &*tokenizer);
+  auto draft = a.engine.load_draft(a.model, max_context);
+  if (!draft) return give_up(draft.error().message);
+  auto engine = Engine::create(**model, a.engine.config(max_context, draft->get()), &*tokenizer);
   if (!engine) return give_up(engine.error().message);
   AsyncEngine async(std::move(engine).value(), {.max_waiting = a.max_queue});
 

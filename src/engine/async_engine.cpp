@@ -90,6 +90,9 @@ void AsyncEngine::publish_snapshot() {
   snap.generated_tokens = engine_->stats().generated_tokens;
   snap.preemptions = s.num_preemptions();
   snap.steps = engine_->stats().steps;
+  snap.spec_steps = engine_->stats().spec_steps;
+  snap.draft_tokens = engine_->stats().draft_tokens;
+  snap.accepted_tokens = engine_->stats().accepted_tokens;
   std::lock_guard lock(mu_);
   snap.waiting = s.num_waiting() + static_cast<int64_t>(submitted_.size());
   not_running_ = snap.waiting;

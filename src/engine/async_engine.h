@@ -49,6 +49,7 @@ struct EngineSnapshot {
   int64_t prefix_block_lookups = 0, prefix_block_hits = 0;
   int64_t prompt_tokens_computed = 0, generated_tokens = 0;
   int64_t preemptions = 0, steps = 0;
+  int64_t spec_steps = 0, draft_tokens = 0, accepted_tokens = 0;  // speculative decoding
 };
 
 class AsyncEngine {

@@ -6,6 +6,9 @@
 #include <sstream>
 
 #include "runner/model_runner.h"
+#include "spec/draft_proposer.h"
+#include "spec/ngram_proposer.h"
+#include "spec/rejection_sampler.h"
 
 namespace moat {
 
@@ -55,7 +58,25 @@ Result<std::unique_ptr<Engine>> Engine::create(DeepseekModel& model, const Engin
         available > 0 ? fmt::format(", {} bytes of memory available", available) : std::string());
   if (num_blocks > INT32_MAX) return make_error("--kv-memory {} bytes is more blocks than block ids can name", bytes);
 
+  std::unique_ptr<Proposer> proposer;
+  if (const SpeculativeConfig& sp = c.speculative; sp.enabled()) {
+    if (sp.num_tokens < 1 || sp.num_tokens > 64)
+      return make_error("--num-speculative-tokens must be in [1, 64], got {}", sp.num_tokens);
+    if (sp.method == "ngram") {
+      if (sp.ngram_min < 1 || sp.ngram_max < sp.ngram_min)
+        return make_error("n-gram lookup needs 1 <= min <= max, got min {} max {}", sp.ngram_min, sp.ngram_max);
+      proposer = std::make_unique<NgramProposer>(sp.ngram_min, sp.ngram_max);
+    } else if (sp.method == "draft") {
+      if (!sp.draft_model) return make_error("--speculative draft needs a draft model");
+      MOAT_ASSIGN_OR_RETURN(proposer, DraftModelProposer::create(*sp.draft_model, model.config().vocab_size,
+                                                                 c.max_num_seqs, c.max_model_len, c.block_size));
+    } else {
+      return make_error("--speculative {}: unknown method (draft:DIR or ngram)", sp.method);
+    }
+  }
+
   std::unique_ptr<Engine> e(new Engine(model, c, tokenizer));
+  e->proposer_ = std::move(proposer);
   e->cache_ = std::make_unique<PagedLatentCache>(model.cache_shape(), static_cast<int32_t>(num_blocks), c.block_size);
   SchedulerConfig sc;
   sc.num_blocks = static_cast<int32_t>(num_blocks);
@@ -108,6 +129,9 @@ void Engine::fill_counts(const Request& r, RequestOutput& out) const {
   out.prompt_tokens = static_cast<int64_t>(r.prompt.size());
   out.output_tokens = static_cast<int64_t>(r.output.size());
   out.cached_tokens = r.num_cached_tokens;
+  out.draft_tokens = r.num_draft_tokens;
+  out.accepted_tokens = r.num_accepted_tokens;
+  out.spec_steps = r.num_spec_steps;
   out.finished = r.finished();
   out.finish_reason = r.finish;
 }
@@ -153,6 +177,82 @@ void Engine::emit_text(Request& r, TextState& state, std::span<const int32_t> to
   state.held.erase(0, state.held.size() - keep);
 }
 
+void Engine::sample_and_verify(std::span<const ScheduledChunk* const> chunks,
+                               std::vector<std::vector<int32_t>>& emitted,
+                               std::vector<std::vector<SampledToken>>& logprobs) {
+  const int64_t V = model_.config().vocab_size;
+  const size_t n = chunks.size();
+  emitted.assign(n, {});
+  logprobs.assign(n, {});
+  std::vector<SamplingRow> rows;
+  int64_t row = 0;  // first logits row of chunk i
+  for (size_t i = 0; i < n;) {
+    if (chunks[i]->num_spec == 0) {  // a run of plain chunks: one batched sample
+      size_t e = i;
+      rows.clear();
+      for (; e < n && chunks[e]->num_spec == 0; ++e) {
+        Request& r = *chunks[e]->request;
+        rows.push_back({&r.sampling, &r.rng, r.prompt, r.output});
+      }
+      const int64_t R = static_cast<int64_t>(e - i);
+      samples_.resize(static_cast<size_t>(R));
+      sampler_.sample(logits_.data() + row * V, R, V, rows, samples_);
+      for (size_t j = i; j < e; ++j) {
+        SampledToken& s = samples_[j - i];
+        emitted[j] = {s.token};
+        if (chunks[j]->request->sampling.wants_logprobs()) logprobs[j].push_back(std::move(s));
+      }
+      row += R;
+      i = e;
+      continue;
+    }
+    // A verification: rows 0..k are the target's logits after the last token and after each
+    // guess; each row's penalties see the output as it would be with the guesses before it.
+    Request& r = *chunks[i]->request;
+    const int64_t k = chunks[i]->num_spec;
+    MOAT_CHECK(static_cast<int64_t>(r.spec_tokens.size()) == k, "{} guesses on the request, {} scheduled",
+               r.spec_tokens.size(), k);
+    spec_history_.assign(r.output.begin(), r.output.end());
+    spec_history_.insert(spec_history_.end(), r.spec_tokens.begin(), r.spec_tokens.end());
+    rows.clear();
+    for (int64_t p = 0; p <= k; ++p)
+      rows.push_back({&r.sampling, &r.rng, r.prompt,
+                      std::span<const int32_t>(spec_history_.data(), r.output.size() + static_cast<size_t>(p))});
+    float* logits = logits_.data() + row * V;
+    spec_target_probs_.resize(static_cast<size_t>((k + 1) * V));
+    sampler_.probabilities(logits, k + 1, V, rows, spec_target_probs_.data());
+    const Verification v = verify_proposal(model_.ops(), spec_target_probs_.data(), r.spec_probs,
+                                           r.spec_tokens, V, r.rng);
+    emitted[i].assign(r.spec_tokens.begin(), r.spec_tokens.begin() + v.accepted);
+    emitted[i].push_back(v.token);
+    if (r.sampling.wants_logprobs()) {
+      logprobs[i].resize(emitted[i].size());
+      sampler_.logprobs(logits, static_cast<int64_t>(emitted[i].size()), V, rows, emitted[i], logprobs[i]);
+    }
+    stats_.draft_tokens += k;
+    stats_.accepted_tokens += v.accepted;
+    ++stats_.spec_steps;
+    row += k + 1;
+    ++i;
+  }
+  MOAT_CHECK(row * V == static_cast<int64_t>(logits_.size()), "{} logits rows used of {}", row,
+             logits_.size() / static_cast<size_t>(V));
+}
+
+void Engine::propose_next() {
+  if (!proposer_) return;
+  std::vector<ProposeRequest> requests;
+  for (Request* r : scheduler_->running()) {
+    if (r->finished() || r->num_computed_tokens != r->length() - 1) continue;  // still prefilling
+    // Guesses and the token after them must fit the request's limits.
+    const int64_t room = std::min(r->stop.max_tokens - static_cast<int64_t>(r->output.size()),
+                                  config_.max_model_len - r->length()) - 1;
+    const int64_t k = std::min<int64_t>(config_.speculative.num_tokens, room);
+    if (k >= 1) requests.push_back({r, static_cast<int32_t>(k)});
+  }
+  if (!requests.empty()) proposer_->propose(requests);
+}
+
 std::vector<RequestOutput> Engine::step() {
   std::vector<RequestOutput> outputs = std::move(pending_finished_);
   pending_finished_.clear();
@@ -164,41 +264,44 @@ std::vector<RequestOutput> Engine::step() {
     logits_.resize(static_cast<size_t>(R * V));
     model_.forward(batch, *cache_, logits_.data());
 
-    std::vector<Request*> sampling;
-    std::vector<SamplingRow> rows;
+    std::vector<const ScheduledChunk*> sampling;
     for (const ScheduledChunk& c : scheduled.chunks) {
-      Request& r = *c.request;
-      const int64_t prompt_len = static_cast<int64_t>(r.prompt.size());
+      const int64_t prompt_len = static_cast<int64_t>(c.request->prompt.size());
       stats_.prompt_tokens_computed += std::max<int64_t>(0, std::min(c.first + c.num_tokens, prompt_len) - c.first);
-      if (!c.samples()) continue;
-      sampling.push_back(&r);
-      rows.push_back({&r.sampling, &r.rng, r.prompt, r.output});
+      if (c.samples()) sampling.push_back(&c);
     }
-    MOAT_CHECK(static_cast<int64_t>(rows.size()) == R, "{} logit rows for {} sampling chunks", R, rows.size());
-    samples_.resize(rows.size());
-    sampler_.sample(logits_.data(), R, V, rows, samples_);
-    std::vector<int32_t> sampled(rows.size());
-    for (size_t i = 0; i < rows.size(); ++i) sampled[i] = samples_[i].token;
-    scheduler_->update(scheduled, sampled);
-    stats_.generated_tokens += R;
+    std::vector<std::vector<int32_t>> emitted;
+    std::vector<std::vector<SampledToken>> logprobs;
+    sample_and_verify(sampling, emitted, logprobs);
+    std::vector<size_t> before(sampling.size());
+    for (size_t i = 0; i < sampling.size(); ++i) before[i] = sampling[i]->request->output.size();
+    scheduler_->update(scheduled, emitted);
     ++stats_.steps;
 
     for (size_t i = 0; i < sampling.size(); ++i) {
-      Request& r = *sampling[i];
+      Request& r = *sampling[i]->request;
       RequestOutput out;
       out.id = r.id;
-      out.new_tokens = {sampled[i]};
-      if (r.sampling.wants_logprobs()) out.logprobs.push_back(std::move(samples_[i]));
+      out.new_tokens.assign(r.output.begin() + static_cast<int64_t>(before[i]), r.output.end());
+      stats_.generated_tokens += static_cast<int64_t>(out.new_tokens.size());
+      if (r.sampling.wants_logprobs()) {
+        logprobs[i].resize(std::min(logprobs[i].size(), out.new_tokens.size()));
+        out.logprobs = std::move(logprobs[i]);
+      }
       // A stop token ends the request without text of its own.
-      const bool stop_token = r.finished() && r.finish == FinishReason::stop;
+      std::span<const int32_t> text_tokens(out.new_tokens);
+      if (r.finished() && r.finish == FinishReason::stop && !text_tokens.empty()) text_tokens = text_tokens.first(text_tokens.size() - 1);
       auto it = text_.find(r.id);
-      if (it != text_.end())
-        emit_text(r, it->second, stop_token ? std::span<const int32_t>() : std::span<const int32_t>(out.new_tokens), out);
+      if (it != text_.end()) emit_text(r, it->second, text_tokens, out);
       fill_counts(r, out);
       outputs.push_back(std::move(out));
     }
   }
-  for (auto& done : scheduler_->take_finished()) text_.erase(done->id);
+  for (auto& done : scheduler_->take_finished()) {
+    text_.erase(done->id);
+    if (proposer_) proposer_->release(done->id);
+  }
+  propose_next();
   return outputs;
 }
 

@@ -14,9 +14,20 @@
 #include "models/deepseek_v3.h"
 #include "sample/sampler.h"
 #include "sched/scheduler.h"
+#include "spec/proposer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace moat {
+
+// Speculative decoding (src/spec): a proposer guesses up to num_tokens tokens per decoding
+// request after each step; the next step verifies them in the same forward that decodes.
+struct SpeculativeConfig {
+  std::string method;          // "" (off), "ngram" or "draft"
+  int32_t num_tokens = 4;      // guesses per request per step, [1, 64]
+  DeepseekModel* draft_model = nullptr;  // "draft": the caller's, alive as long as the engine
+  int32_t ngram_min = 2, ngram_max = 4;  // "ngram": suffix lengths looked up, longest first
+  bool enabled() const { return !method.empty(); }
+};
 
 struct EngineConfig {
   int32_t block_size = 64;               // tokens per KV block
@@ -26,6 +37,7 @@ struct EngineConfig {
   int64_t max_num_batched_tokens = 512;  // token budget per step (prompt chunks + decode tokens)
   int32_t max_num_seqs = 64;             // running requests at once
   bool enable_prefix_caching = true;
+  SpeculativeConfig speculative;
 };
 
 struct GenerateRequest {
@@ -44,6 +56,7 @@ struct RequestOutput {
   FinishReason finish_reason = FinishReason::none;
   std::string stop_string;          // the stop string that ended it, if one did
   int64_t prompt_tokens = 0, output_tokens = 0, cached_tokens = 0;
+  int64_t draft_tokens = 0, accepted_tokens = 0, spec_steps = 0;  // speculative decoding, so far
 };
 
 struct EngineStats {
@@ -51,6 +64,13 @@ struct EngineStats {
   int64_t prompt_tokens_computed = 0;  // prompt rows the model computed (prefix hits and their blocks excluded;
                                        // a preempted request's prompt counts again when recomputed)
   int64_t generated_tokens = 0;
+  // speculative decoding: tokens proposed and verified, accepted of those, verification steps
+  int64_t draft_tokens = 0, accepted_tokens = 0, spec_steps = 0;
+  double acceptance_rate() const { return draft_tokens ? static_cast<double>(accepted_tokens) / draft_tokens : 0.0; }
+  // tokens emitted per verification step (accepted + the target's own)
+  double mean_accepted_length() const {
+    return spec_steps ? static_cast<double>(accepted_tokens + spec_steps) / spec_steps : 0.0;
+  }
 };
 
 class Engine {
@@ -70,6 +90,14 @@ class Engine {
   bool has_work() const { return scheduler_->has_work() || !pending_finished_.empty(); }
   std::vector<RequestOutput> step();
 
+  // Replaces the proposer (tests script their own; nullptr turns speculation off); guesses of at
+  // most num_tokens per request and step.
+  void set_proposer(std::unique_ptr<Proposer> proposer, int32_t num_tokens) {
+    proposer_ = std::move(proposer);
+    config_.speculative.num_tokens = num_tokens;
+  }
+  const Proposer* proposer() const { return proposer_.get(); }
+
   const Scheduler& scheduler() const { return *scheduler_; }
   const EngineStats& stats() const { return stats_; }
   const PagedLatentCache& cache() const { return *cache_; }
@@ -86,6 +114,12 @@ class Engine {
   // request when one matches.
   void emit_text(Request& r, TextState& state, std::span<const int32_t> tokens, RequestOutput& out);
   void fill_counts(const Request& r, RequestOutput& out) const;
+  // Samples every sampling chunk's logits rows (logits_, in chunk order): one token for a plain
+  // chunk, the verified prefix of the proposal plus one token for a verification chunk.
+  void sample_and_verify(std::span<const ScheduledChunk* const> chunks, std::vector<std::vector<int32_t>>& emitted,
+                         std::vector<std::vector<SampledToken>>& logprobs);
+  // Asks the proposer for the next step's guesses of every request that decodes next.
+  void propose_next();
 
   DeepseekModel& model_;
   EngineConfig config_;
@@ -98,6 +132,9 @@ class Engine {
   std::vector<RequestOutput> pending_finished_;  // aborted between steps
   std::vector<float> logits_;
   std::vector<SampledToken> samples_;
+  std::unique_ptr<Proposer> proposer_;
+  std::vector<float> spec_target_probs_;   // [1 + k, vocab] one verification's target distributions
+  std::vector<int32_t> spec_history_;      // output + proposal of the request being verified
   EngineStats stats_;
 };
 

@@ -273,6 +273,7 @@ void DeepseekModel::forward(const ForwardBatch& batch, PagedLatentCache& cache, 
 
   // Only the rows that need logits go through the final norm and lm_head.
   const int64_t R = static_cast<int64_t>(batch.logit_rows.size());
+  if (R == 0) return;  // a prompt chunk that samples nothing (logits may be null)
   for (int64_t r = 0; r < R; ++r) {
     const int32_t row = batch.logit_rows[r];
     MOAT_CHECK(row >= 0 && row < T, "logit row {} outside batch of {}", row, T);

@@ -217,6 +217,18 @@ void Sampler::probabilities(float* logits, int64_t R, int64_t vocab, std::span<c
   distributions(logits, vocab, rows, which_, probs);
 }
 
+void Sampler::logprobs(const float* logits, int64_t R, int64_t vocab, std::span<const SamplingRow> rows,
+                       std::span<const int32_t> tokens, std::span<SampledToken> out) {
+  MOAT_CHECK(static_cast<int64_t>(rows.size()) >= R && static_cast<int64_t>(tokens.size()) >= R &&
+                 static_cast<int64_t>(out.size()) >= R,
+             "{} logit rows, {} sampling rows, {} tokens, {} outputs", R, rows.size(), tokens.size(), out.size());
+  fill_logprobs(logits, R, vocab, rows, out);
+  for (int64_t r = 0; r < R; ++r) {
+    out[r].token = tokens[r];
+    out[r].logprob = rows[r].params->wants_logprobs() ? (logits[r * vocab + tokens[r]] - row_max_[r]) - log_sum_[r] : NAN;
+  }
+}
+
 float* Sampler::writable_row(const float* logits, int64_t vocab, const SamplingParams& params) {
   // Without a token history only logit_bias writes into the row; with none, nothing does.
   if (params.logit_bias.empty()) return const_cast<float*>(logits);

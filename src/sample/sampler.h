@@ -92,6 +92,11 @@ class Sampler {
   // logits: [R, vocab], modified in place as by sample(); probs: [R, vocab].
   void probabilities(float* logits, int64_t R, int64_t vocab, std::span<const SamplingRow> rows, float* probs);
 
+  // Logprobs of chosen tokens: logits [R, vocab] after bias and penalties (as probabilities()
+  // leaves them); fills out[r].token = tokens[r], its logprob and top_logprobs, for rows that ask.
+  void logprobs(const float* logits, int64_t R, int64_t vocab, std::span<const SamplingRow> rows,
+                std::span<const int32_t> tokens, std::span<SampledToken> out);
+
   // One row, no token history (so no penalties): logits [vocab] -> token id. rng is the request's.
   int32_t sample(const float* logits, int64_t vocab, const SamplingParams& params, std::mt19937_64& rng);
   // probs: [vocab], the distribution the one-row sample() draws from.

@@ -54,10 +54,25 @@ struct Request {
   int64_t num_preemptions = 0;
   double arrival_s = 0.0;
 
+  // Speculative decoding (src/spec): tokens a proposer guessed for the positions after length(),
+  // verified by the next step that decodes this request; dropped by preemption.
+  std::vector<int32_t> spec_tokens;
+  // [spec_tokens.size(), vocab] the distributions the draft sampled them from; empty when the
+  // proposer is deterministic (n-gram, or a greedy draft): then each is one-hot at its token.
+  std::vector<float> spec_probs;
+  int64_t num_draft_tokens = 0;     // proposed and verified, over the request's life
+  int64_t num_accepted_tokens = 0;  // of those, accepted
+  int64_t num_spec_steps = 0;       // verification steps
+
   int64_t length() const { return static_cast<int64_t>(prompt.size() + output.size()); }
   int32_t token_at(int64_t i) const {
     const int64_t p = static_cast<int64_t>(prompt.size());
     return i < p ? prompt[i] : output[i - p];
+  }
+  // token_at, continued past length() into the speculative tokens
+  int32_t token_or_spec_at(int64_t i) const {
+    const int64_t n = length();
+    return i < n ? token_at(i) : spec_tokens[static_cast<size_t>(i - n)];
   }
   bool finished() const { return status == RequestStatus::finished; }
 };

@@ -58,6 +58,8 @@ void Scheduler::release_blocks(Request& r) {
 
 void Scheduler::preempt(Request& r) {
   release_blocks(r);
+  r.spec_tokens.clear();
+  r.spec_probs.clear();
   r.num_computed_tokens = 0;
   r.status = RequestStatus::waiting;
   ++r.num_preemptions;
@@ -70,7 +72,7 @@ void Scheduler::register_full_blocks(Request& r) {
   const int64_t B = config_.block_size;
   std::vector<int32_t> tokens(static_cast<size_t>(B));
   for (int64_t k = static_cast<int64_t>(r.block_hashes.size()); (k + 1) * B <= r.num_computed_tokens; ++k) {
-    for (int64_t i = 0; i < B; ++i) tokens[i] = r.token_at(k * B + i);
+    for (int64_t i = 0; i < B; ++i) tokens[i] = r.token_or_spec_at(k * B + i);
     const uint64_t parent = k == 0 ? 0 : r.block_hashes[k - 1];
     const uint64_t h = BlockPool::chain_hash(parent, tokens);
     pool_.register_full(r.block_table[k], h, tokens);
@@ -106,9 +108,24 @@ SchedulerOutput Scheduler::schedule() {
   // 1. Running requests, oldest first; preempt from the newest when blocks run out.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Request& r = *running_[i];
-    const int64_t n = std::min(r.length() - r.num_computed_tokens, budget);
-    MOAT_CHECK(n > 0, "running request {} has nothing to compute", r.id);
+    const int64_t known = r.length() - r.num_computed_tokens;
+    MOAT_CHECK(known > 0, "running request {} has nothing to compute", r.id);
+    // A decoding request verifies its proposal in the same step, as far as the budget allows.
+    int64_t spec = known == 1 ? std::min<int64_t>(static_cast<int64_t>(r.spec_tokens.size()), budget - 1) : 0;
+    auto drop_spec_beyond = [&r](int64_t keep) {
+      if (static_cast<int64_t>(r.spec_tokens.size()) <= keep) return;
+      if (!r.spec_probs.empty()) r.spec_probs.resize(r.spec_probs.size() / r.spec_tokens.size() * keep);
+      r.spec_tokens.resize(static_cast<size_t>(keep));
+    };
+    drop_spec_beyond(spec);
+    int64_t n = std::min(known, budget) + spec;
     bool fits = grow_blocks(r, r.num_computed_tokens + n);
+    if (!fits && spec > 0) {  // give up the guess before taking blocks from anyone
+      drop_spec_beyond(0);
+      n -= spec;
+      spec = 0;
+      fits = grow_blocks(r, r.num_computed_tokens + n);
+    }
     while (!fits && running_.back() != &r) {
       Request* victim = running_.back();
       running_.pop_back();
@@ -122,7 +139,7 @@ SchedulerOutput Scheduler::schedule() {
       out.preempted.push_back(r.id);
       break;
     }
-    out.chunks.push_back({&r, r.num_computed_tokens, n, r.num_computed_tokens + n == r.length()});
+    out.chunks.push_back({&r, r.num_computed_tokens, n, r.num_computed_tokens + n - spec == r.length(), spec});
     budget -= n;
     ++i;
   }
@@ -164,6 +181,12 @@ void Scheduler::finish(uint64_t id, FinishReason reason) {
 }
 
 void Scheduler::update(const SchedulerOutput& out, std::span<const int32_t> sampled) {
+  std::vector<std::vector<int32_t>> emitted(sampled.size());
+  for (size_t i = 0; i < sampled.size(); ++i) emitted[i] = {sampled[i]};
+  update(out, emitted);
+}
+
+void Scheduler::update(const SchedulerOutput& out, std::span<const std::vector<int32_t>> emitted) {
   size_t next = 0;
   for (const ScheduledChunk& c : out.chunks) {
     Request& r = *c.request;
@@ -172,22 +195,53 @@ void Scheduler::update(const SchedulerOutput& out, std::span<const int32_t> samp
       if (samples) ++next;
       continue;
     }
-    r.num_computed_tokens = c.first + c.num_tokens;
-    register_full_blocks(r);
-    if (!samples) continue;
-    MOAT_CHECK(next < sampled.size(), "{} sampled tokens for more sampling chunks", sampled.size());
-    const int32_t token = sampled[next++];
-    r.output.push_back(token);
-    const int64_t generated = static_cast<int64_t>(r.output.size());
-    const auto is = [token](const std::vector<int32_t>& ids) {
-      return std::find(ids.begin(), ids.end(), token) != ids.end();
-    };
-    if (generated > r.stop.min_tokens && (is(r.stop.stop_token_ids) || (!r.stop.ignore_eos && is(r.stop.eos_token_ids))))
-      finish_request(r, FinishReason::stop);
-    else if (generated >= r.stop.max_tokens || r.length() >= config_.max_model_len)
-      finish_request(r, FinishReason::length);
+    if (!samples) {
+      r.num_computed_tokens = c.first + c.num_tokens;
+      register_full_blocks(r);
+      continue;
+    }
+    MOAT_CHECK(next < emitted.size(), "{} emitted token lists for more sampling chunks", emitted.size());
+    const std::vector<int32_t>& tokens = emitted[next++];
+    const int64_t accepted = static_cast<int64_t>(tokens.size()) - 1;
+    MOAT_CHECK(accepted >= 0 && accepted <= c.num_spec, "{} tokens emitted for a chunk of {} speculative tokens",
+               tokens.size(), c.num_spec);
+    for (int64_t i = 0; i < accepted; ++i)
+      MOAT_CHECK(tokens[i] == r.spec_tokens[i], "accepted token {} is not the proposal's {}", tokens[i],
+                 r.spec_tokens[i]);
+    // Rows of the accepted guesses are the rows of the tokens they became; the rest are garbage
+    // past num_computed_tokens, overwritten when those positions are computed again.
+    r.num_computed_tokens = c.first + c.num_tokens - c.num_spec + accepted;
+    if (c.num_spec > 0) {
+      r.num_draft_tokens += c.num_spec;
+      r.num_accepted_tokens += accepted;
+      ++r.num_spec_steps;
+    }
+    register_full_blocks(r);  // reads the accepted guesses as spec tokens: they join output below
+    r.spec_tokens.clear();
+    r.spec_probs.clear();
+    for (const int32_t token : tokens) {
+      r.output.push_back(token);
+      const int64_t generated = static_cast<int64_t>(r.output.size());
+      const auto is = [token](const std::vector<int32_t>& ids) {
+        return std::find(ids.begin(), ids.end(), token) != ids.end();
+      };
+      if (generated > r.stop.min_tokens &&
+          (is(r.stop.stop_token_ids) || (!r.stop.ignore_eos && is(r.stop.eos_token_ids)))) {
+        finish_request(r, FinishReason::stop);
+        break;
+      }
+      if (generated >= r.stop.max_tokens || r.length() >= config_.max_model_len) {
+        finish_request(r, FinishReason::length);
+        break;
+      }
+    }
+    // blocks that only held rejected guesses
+    while (!r.finished() && static_cast<int64_t>(r.block_table.size()) > blocks_for(r.length())) {
+      pool_.release(r.block_table.back());
+      r.block_table.pop_back();
+    }
   }
-  MOAT_CHECK(next == sampled.size(), "{} sampled tokens for {} sampling chunks", sampled.size(), next);
+  MOAT_CHECK(next == emitted.size(), "{} emitted token lists for {} sampling chunks", emitted.size(), next);
 }
 
 std::vector<std::unique_ptr<Request>> Scheduler::take_finished() {

@@ -38,8 +38,9 @@ struct SchedulerConfig {
 struct ScheduledChunk {
   Request* request;
   int64_t first;       // index of the first token computed (== its position)
-  int64_t num_tokens;
+  int64_t num_tokens;  // num_spec of them speculative (Request::spec_tokens), at the end
   bool sample;         // the chunk ends the request's known tokens: its last logits pick the next token
+  int64_t num_spec = 0;  // > 0: a verification: logits for the last 1 + num_spec tokens
   bool samples() const { return sample; }
 };
 
@@ -68,9 +69,16 @@ class Scheduler {
 
   SchedulerOutput schedule();
   // After the model ran `out`: advances computed tokens, registers newly full blocks in the
-  // prefix cache, appends sampled[i] to the request of the i-th chunk that samples, and finishes
-  // requests that hit a stop token or their length limit.
+  // prefix cache, appends the tokens of emitted[i] to the request of the i-th chunk that samples,
+  // and finishes requests that hit a stop token or their length limit (tokens after the one that
+  // ends a request are dropped). For a verification chunk emitted[i] is the accepted prefix of
+  // the proposal and then the target's own token; the rows of rejected tokens stop counting as
+  // computed, and blocks past the request's length go back to the pool.
+  void update(const SchedulerOutput& out, std::span<const std::vector<int32_t>> emitted);
+  // One token per sampling chunk (no speculation).
   void update(const SchedulerOutput& out, std::span<const int32_t> sampled);
+  // Running requests, in admission order (the engine asks proposers for the ones decoding).
+  std::span<Request* const> running() const { return running_; }
 
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }

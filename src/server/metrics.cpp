@@ -127,6 +127,13 @@ std::string ServerMetrics::render(const EngineSnapshot& s) const {
          "Prompt tokens the model computed (prefix-cache hits excluded, recomputation after preemption included).", L,
          s.prompt_tokens_computed);
   metric(out, "moat:engine_steps_total", "counter", "Engine steps run.", L, s.steps);
+  // vLLM's spec_decode counter names
+  metric(out, "moat:spec_decode_num_drafts_total", "counter", "Speculative verifications (one per request and step).", L,
+         s.spec_steps);
+  metric(out, "moat:spec_decode_num_draft_tokens_total", "counter", "Speculative tokens proposed and verified.", L,
+         s.draft_tokens);
+  metric(out, "moat:spec_decode_num_accepted_tokens_total", "counter", "Speculative tokens accepted.", L,
+         s.accepted_tokens);
 
   std::lock_guard lock(mu_);
   metric(out, "moat:prompt_tokens_total", "counter", "Prompt tokens of finished requests.", L, prompt_tokens_);

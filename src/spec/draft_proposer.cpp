@@ -1,0 +1,136 @@
+#include "spec/draft_proposer.h"
+
+#include <algorithm>
+
+namespace moat {
+
+Result<std::unique_ptr<DraftModelProposer>> DraftModelProposer::create(DeepseekModel& draft, int64_t target_vocab,
+                                                                       int32_t max_num_seqs, int64_t max_model_len,
+                                                                       int32_t block_size) {
+  if (draft.config().vocab_size != target_vocab)
+    return make_error("the draft model's vocabulary ({} tokens) differs from the target's ({}): a draft must share "
+                      "the target's tokenizer",
+                      draft.config().vocab_size, target_vocab);
+  if (draft.max_context() < max_model_len)
+    return make_error("the draft model was loaded for {} tokens of context, the target serves {}", draft.max_context(),
+                      max_model_len);
+  const int64_t blocks_per_seq = (max_model_len + block_size - 1) / block_size;
+  const int64_t num_blocks = blocks_per_seq * max_num_seqs;
+  if (num_blocks > INT32_MAX) return make_error("draft cache of {} blocks is more than block ids can name", num_blocks);
+  return std::unique_ptr<DraftModelProposer>(
+      new DraftModelProposer(draft, static_cast<int32_t>(num_blocks), block_size));
+}
+
+DraftModelProposer::DraftModelProposer(DeepseekModel& draft, int32_t num_blocks, int32_t block_size)
+    : model_(draft),
+      cache_(draft.cache_shape(), num_blocks, block_size),
+      pool_(num_blocks, block_size),
+      sampler_(draft.ops()) {}
+
+bool DraftModelProposer::grow(State& s, int64_t rows) {
+  const int64_t bs = pool_.block_size();
+  while (static_cast<int64_t>(s.blocks.size()) * bs < rows) {
+    auto b = pool_.allocate();
+    if (!b) return false;
+    s.blocks.push_back(*b);
+  }
+  return true;
+}
+
+void DraftModelProposer::release(uint64_t request_id) {
+  auto it = states_.find(request_id);
+  if (it == states_.end()) return;
+  for (int32_t b : it->second.blocks) pool_.release(b);
+  states_.erase(it);
+}
+
+void DraftModelProposer::draw(std::span<Request* const> active, int64_t rows) {
+  const int64_t V = model_.config().vocab_size;
+  rows_.resize(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) {
+    Request& r = *active[i];
+    rows_[i] = {&r.sampling, &r.rng, r.prompt, history_[i]};
+  }
+  probs_.resize(static_cast<size_t>(rows * V));
+  sampler_.probabilities(logits_.data(), rows, V, rows_, probs_.data());
+  u_.resize(static_cast<size_t>(rows));
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  for (int64_t i = 0; i < rows; ++i) u_[i] = active[i]->sampling.greedy() ? 0.0f : uniform(active[i]->rng);
+  tokens_.resize(static_cast<size_t>(rows));
+  model_.ops().sample_from_probs(probs_.data(), rows, V, u_.data(), tokens_.data());
+  for (int64_t i = 0; i < rows; ++i) {
+    Request& r = *active[i];
+    r.spec_tokens.push_back(tokens_[i]);
+    history_[i].push_back(tokens_[i]);
+    if (!r.sampling.greedy()) r.spec_probs.insert(r.spec_probs.end(), probs_.begin() + i * V, probs_.begin() + (i + 1) * V);
+  }
+}
+
+void DraftModelProposer::propose(std::span<const ProposeRequest> requests) {
+  const int64_t V = model_.config().vocab_size;
+  const int32_t bs = pool_.block_size();
+  // Requests whose draft state has room for their whole guess, longest guess first, so step j
+  // drafts for a prefix of them.
+  std::vector<const ProposeRequest*> order;
+  for (const ProposeRequest& pr : requests) {
+    Request& r = *pr.request;
+    r.spec_tokens.clear();
+    r.spec_probs.clear();
+    State& s = states_[r.id];
+    s.valid = std::min(s.valid, r.num_computed_tokens);
+    // rows for every token and all but the last draft (the last is never fed back)
+    if (!grow(s, r.length() + pr.max_tokens - 1)) continue;  // draft cache full: no guess this time
+    order.push_back(&pr);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [](const ProposeRequest* a, const ProposeRequest* b) { return a->max_tokens > b->max_tokens; });
+  std::vector<Request*> active;
+  for (const ProposeRequest* pr : order) active.push_back(pr->request);
+  history_.resize(active.size());
+  for (size_t i = 0; i < active.size(); ++i)
+    history_[i].assign(active[i]->output.begin(), active[i]->output.end());
+
+  // Long catch-ups (a new request's prompt) run first in chunks without logits, so one draft
+  // forward never holds the activations of a whole long prompt.
+  constexpr int64_t kCatchUpChunk = 512;
+  std::vector<int32_t> chunk;
+  for (Request* r : active) {
+    State& s = states_[r->id];
+    while (r->length() - s.valid > kCatchUpChunk) {
+      chunk.clear();
+      for (int64_t p = s.valid; p < s.valid + kCatchUpChunk; ++p) chunk.push_back(r->token_at(p));
+      ForwardBatch batch;
+      batch.block_size = bs;
+      batch.add_sequence(chunk, static_cast<int32_t>(s.valid), s.blocks, ForwardBatch::Logits::none);
+      model_.forward(batch, cache_, nullptr);
+      s.valid += kCatchUpChunk;
+    }
+  }
+  for (int32_t j = 0; !order.empty(); ++j) {
+    while (!order.empty() && order.back()->max_tokens <= j) order.pop_back();
+    if (order.empty()) break;
+    ForwardBatch batch;
+    batch.block_size = bs;
+    for (const ProposeRequest* pr : order) {
+      Request& r = *pr->request;
+      State& s = states_[r.id];
+      const int64_t L = r.length();
+      if (j == 0) {  // catch up to and including the last token
+        chunk.clear();
+        for (int64_t p = s.valid; p < L; ++p) chunk.push_back(r.token_at(p));
+        batch.add_sequence(chunk, static_cast<int32_t>(s.valid), s.blocks, ForwardBatch::Logits::last);
+        s.valid = L;
+      } else {  // feed draft j - 1
+        const int32_t t = r.spec_tokens[static_cast<size_t>(j - 1)];
+        batch.add_sequence({&t, 1}, static_cast<int32_t>(L + j - 1), s.blocks, ForwardBatch::Logits::last);
+        s.valid = L + j;
+      }
+    }
+    const int64_t rows = static_cast<int64_t>(order.size());
+    logits_.resize(static_cast<size_t>(rows * V));
+    model_.forward(batch, cache_, logits_.data());
+    draw(active, rows);
+  }
+}
+
+}  // namespace moat

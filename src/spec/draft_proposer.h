@@ -1,0 +1,63 @@
+// A draft model as the proposer: any moat-loadable checkpoint with the target's vocabulary
+// (models/k3-nano-draft for models/k3-nano), run in the same process with its own latent cache,
+// its own op table and precision. Each step it drafts k tokens for every decoding request in k
+// batched forwards: the first catches the draft's cache up with the request (the prompt on first
+// sight, then the tokens the target accepted since, and the last token) and drafts one token, the
+// other k-1 feed one drafted token each.
+//
+// The draft samples with the request's own parameters (bias, penalties, temperature, top-k/p,
+// min-p) and keeps the distribution of each draw for rejection sampling; greedy requests draft
+// greedily, and their one-hot distributions are not stored.
+//
+// The draft cache keeps rows by position, so a rejection needs no undo: only the rows of tokens
+// the target kept (below Request::num_computed_tokens) are trusted at the next proposal.
+#pragma once
+
+#include <memory>
+#include <unordered_map>
+
+#include "kv/block_pool.h"
+#include "kv/latent_cache.h"
+#include "models/deepseek_v3.h"
+#include "sample/sampler.h"
+#include "spec/proposer.h"
+
+namespace moat {
+
+class DraftModelProposer final : public Proposer {
+ public:
+  // Room for max_num_seqs requests of max_model_len tokens plus the drafted ones; errors when the
+  // draft cannot serve the target (vocabulary, context).
+  static Result<std::unique_ptr<DraftModelProposer>> create(DeepseekModel& draft, int64_t target_vocab,
+                                                            int32_t max_num_seqs, int64_t max_model_len,
+                                                            int32_t block_size);
+  std::string_view name() const override { return "draft"; }
+  void propose(std::span<const ProposeRequest> requests) override;
+  void release(uint64_t request_id) override;
+
+  const BlockPool& block_pool() const { return pool_; }
+
+ private:
+  DraftModelProposer(DeepseekModel& draft, int32_t num_blocks, int32_t block_size);
+  struct State {
+    std::vector<int32_t> blocks;
+    int64_t valid = 0;  // positions [0, valid) hold the draft's rows of the request's tokens
+  };
+  // Blocks for `rows` rows; false (nothing allocated beyond what fits) when the pool is full.
+  bool grow(State& s, int64_t rows);
+  // Samples one token per logits row for `active`, appends it (and its distribution) to the
+  // request's proposal.
+  void draw(std::span<Request* const> active, int64_t rows);
+
+  DeepseekModel& model_;
+  PagedLatentCache cache_;
+  BlockPool pool_;
+  Sampler sampler_;
+  std::unordered_map<uint64_t, State> states_;
+  std::vector<float> logits_, probs_, u_;
+  std::vector<int32_t> tokens_;
+  std::vector<std::vector<int32_t>> history_;  // [active] output + drafted so far (penalties)
+  std::vector<SamplingRow> rows_;
+};
+
+}  // namespace moat
