@@ -1,0 +1,183 @@
+// Single-stream speculative decoding: decode tok/s with and without each proposer, next to the
+// cost model that explains the ratio. Per (temperature, method, k):
+//   tok/s, speedup over plain decoding in the same run, acceptance rate (accepted / guessed),
+//   mean accepted length (tokens emitted per verification step, the target's own included), and
+//   the predicted speedup E / (k * c_draft / c_target + c_verify(k + 1) / c_target), from
+//     c_target       one plain decode step of the target (measured by the plain run),
+//     c_draft        one decode step of the draft (a plain run of the draft alone; 0 for n-gram),
+//     c_verify(k+1)  one target forward over k + 1 tokens at the same context (timed directly):
+//                    more than c_target because k + 1 tokens touch more routed experts
+//                    (E * (1 - (1 - top_k / E)^(k+1)) per MoE layer) and do k + 1 tokens' FLOPs.
+//
+//   spec_bench --model DIR [--draft DIR] [--threads N] [--tokens 128] [--k 2,4,6]
+//              [--temperatures 0,0.7] [--markdown]
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <sstream>
+
+#include "base/thread_pool.h"
+#include "engine/engine.h"
+
+namespace {
+
+using namespace moat;
+using Clock = std::chrono::steady_clock;
+
+struct Run {
+  double tok_s = 0;           // decode tokens (after the first) per second of decode
+  double ms_per_step = 0;     // decode time / engine steps after the first token
+  EngineStats stats;
+};
+
+// Decodes every prompt to `tokens` tokens, one request at a time.
+Run decode(DeepseekModel& model, const std::vector<std::vector<int32_t>>& prompts, int64_t tokens, float temperature,
+           const SpeculativeConfig& spec) {
+  EngineConfig c;
+  c.max_model_len = model.max_context();
+  c.max_num_seqs = 1;
+  c.speculative = spec;
+  auto engine = Engine::create(model, c);
+  if (!engine) {
+    std::fprintf(stderr, "spec_bench: %s\n", engine.error().message.c_str());
+    std::exit(1);
+  }
+  double decode_s = 0;
+  int64_t decode_tokens = 0, decode_steps = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerateRequest r;
+    r.prompt = prompts[i];
+    r.sampling.temperature = temperature;
+    r.sampling.seed = 1000 + i;
+    r.stop.max_tokens = tokens;
+    r.stop.ignore_eos = true;
+    (void)(*engine)->add_request(r);
+    std::optional<Clock::time_point> first;
+    int64_t steps = 0, got = 0;
+    while ((*engine)->has_work()) {
+      for (const RequestOutput& o : (*engine)->step()) {
+        got += static_cast<int64_t>(o.new_tokens.size());
+        if (!first && !o.new_tokens.empty()) first = Clock::now();
+        else if (first) ++steps;
+      }
+    }
+    decode_s += std::chrono::duration<double>(Clock::now() - *first).count();
+    decode_tokens += got - 1;
+    decode_steps += steps;
+  }
+  return {decode_tokens / decode_s, 1000.0 * decode_s / std::max<int64_t>(1, decode_steps), (*engine)->stats()};
+}
+
+// Milliseconds of one target forward over n tokens after a context of `context` tokens.
+double forward_ms(DeepseekModel& model, int64_t context, int64_t n) {
+  SequenceCache cache = model.new_sequence_cache(context + n);
+  std::vector<int32_t> tokens(static_cast<size_t>(context + n));
+  std::mt19937 rng(7);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % model.config().vocab_size);
+  std::vector<float> logits(static_cast<size_t>(n * model.config().vocab_size));
+  model.forward(cache, std::span(tokens).first(context), 0, logits.data());
+  const std::span<const int32_t> step = std::span(tokens).subspan(context);
+  model.forward(cache, step, static_cast<int32_t>(context), logits.data(), ForwardBatch::Logits::all);  // warm
+  const int reps = 20;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < reps; ++i)
+    model.forward(cache, step, static_cast<int32_t>(context), logits.data(), ForwardBatch::Logits::all);
+  return 1000.0 * std::chrono::duration<double>(Clock::now() - t0).count() / reps;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"single-stream speculative decoding benchmark"};
+  std::string model_dir, draft_dir, k_list = "2,4,6", temp_list = "0,0.7";
+  int threads = 1;
+  int64_t tokens = 128;
+  bool markdown = false;
+  app.add_option("--model", model_dir)->required();
+  app.add_option("--draft", draft_dir, "draft model (same vocabulary); without it only n-gram runs");
+  app.add_option("--threads", threads);
+  app.add_option("--tokens", tokens, "tokens generated per prompt");
+  app.add_option("--k", k_list, "speculative tokens per step, comma separated");
+  app.add_option("--temperatures", temp_list);
+  app.add_flag("--markdown", markdown);
+  CLI11_PARSE(app, argc, argv);
+  auto list = [](const std::string& s) {
+    std::vector<double> v;
+    std::stringstream ss(s);
+    for (std::string item; std::getline(ss, item, ',');) v.push_back(std::stod(item));
+    return v;
+  };
+  set_num_threads(threads);
+  const int64_t max_context = 64 + tokens + 16;
+  auto loaded = DeepseekModel::load(model_dir, {.backend = ops::Backend::cpu, .max_context = max_context});
+  if (!loaded) return std::fprintf(stderr, "spec_bench: %s\n", loaded.error().message.c_str()), 1;
+  DeepseekModel& model = **loaded;
+  std::unique_ptr<DeepseekModel> draft;
+  if (!draft_dir.empty()) {
+    auto d = DeepseekModel::load(draft_dir, {.backend = ops::Backend::cpu, .max_context = max_context});
+    if (!d) return std::fprintf(stderr, "spec_bench: draft: %s\n", d.error().message.c_str()), 1;
+    draft = std::move(d).value();
+  }
+  // Prompts: the shipped tokenizer's text when the model has one, else random tokens (the bench
+  // checkpoints have random weights and no tokenizer).
+  std::vector<std::vector<int32_t>> prompts;
+  if (auto tok = Tokenizer::load(model_dir); tok.ok()) {
+    for (const char* text : {"The meaning of life is", "A computer is", "Love is", "Perl is the duct tape of"}) {
+      std::vector<int32_t> p;
+      if (tok->bos_id()) p.push_back(*tok->bos_id());
+      for (int32_t id : tok->encode(text)) p.push_back(id);
+      prompts.push_back(p);
+    }
+  } else {
+    std::mt19937 rng(1);
+    for (int i = 0; i < 4; ++i) {
+      std::vector<int32_t> p(32);
+      for (auto& t : p) t = static_cast<int32_t>(rng() % model.config().vocab_size);
+      prompts.push_back(p);
+    }
+  }
+  const int64_t context = 16 + tokens / 2;  // the mean context of a decode
+  const double c_target = forward_ms(model, context, 1);
+  const double c_draft = draft ? forward_ms(*draft, context, 1) : 0.0;
+  if (!markdown)
+    std::printf("%s%s%s, %d threads, %zu prompts x %ld tokens; target step %.3f ms%s\n", model_dir.c_str(),
+                draft ? " + draft " : "", draft_dir.c_str(), threads, prompts.size(), tokens, c_target,
+                draft ? (", draft step " + std::to_string(c_draft) + " ms").c_str() : "");
+  if (!markdown)
+    std::printf("%5s %-7s %3s %9s %8s %10s %10s %10s %10s\n", "temp", "method", "k", "tok/s", "speedup", "accept %",
+                "tok/step", "verify/1", "predicted");
+  for (double temp : list(temp_list)) {
+    const Run base = decode(model, prompts, tokens, static_cast<float>(temp), {});
+    auto row = [&](const char* method, int k, const Run& r, double verify_ratio, double predicted) {
+      if (markdown)
+        std::printf("| %s | %s | %.1f | %s | %s | %.1f | %.2fx | %s | %s | %s | %s |\n", model_dir.c_str(),
+                    draft ? draft_dir.c_str() : "-", temp, method, k ? std::to_string(k).c_str() : "-", r.tok_s,
+                    r.tok_s / base.tok_s, k ? fmt::format("{:.1f}", 100.0 * r.stats.acceptance_rate()).c_str() : "-",
+                    k ? fmt::format("{:.2f}", r.stats.mean_accepted_length()).c_str() : "-",
+                    k ? fmt::format("{:.2f}", verify_ratio).c_str() : "-",
+                    k ? fmt::format("{:.2f}x", predicted).c_str() : "-");
+      else
+        std::printf("%5.1f %-7s %3d %9.1f %7.2fx %10.1f %10.2f %10.2f %9.2fx\n", temp, method, k, r.tok_s,
+                    r.tok_s / base.tok_s, 100.0 * r.stats.acceptance_rate(), r.stats.mean_accepted_length(),
+                    verify_ratio, predicted);
+    };
+    row("none", 0, base, 0, 0);
+    for (double kd : list(k_list)) {
+      const int k = static_cast<int>(kd);
+      const double verify_ratio = forward_ms(model, context, k + 1) / c_target;
+      for (const char* method : {"ngram", "draft"}) {
+        if (std::string(method) == "draft" && !draft) continue;
+        const bool is_draft = std::string(method) == "draft";
+        const Run r = decode(model, prompts, tokens, static_cast<float>(temp),
+                             {.method = method, .num_tokens = k, .draft_model = draft.get()});
+        const double cost = (is_draft ? k * c_draft / c_target : 0.0) + verify_ratio;
+        row(method, k, r, verify_ratio, r.stats.mean_accepted_length() / cost);
+      }
+    }
+  }
+  return 0;
+}
