@@ -5,12 +5,13 @@
 //     (the decode roofline);
 //   - bf16 and fp32 peaks: 24 independent chains of vdpbf16ps / vfmadd231ps (the prefill roofline);
 // then the matmul kernels the registry resolves on this CPU (bf16 and fp8 block-scaled weights) at
-// T = 1 (GB/s of weights vs bandwidth) and T = 512 (GFLOPS vs bf16 peak), and MLA decode
+// T = 1 (GB/s of weights vs bandwidth), T = 512 (GFLOPS vs bf16 peak), batched decode T = 8, 16, 64
+// on the expert, projection and lm_head shapes (vs the lower of the two), and MLA decode
 // attention (GB/s of latent cache). Weight sets are replicated past the L3 size and cycled, so a
 // small matrix is read from DRAM as it would be when decode walks 26 layers of experts.
 // Every timed kernel is first checked against the reference kernel.
 //
-//   kernel_bench [--threads 1,2] [--markdown]
+//   kernel_bench [--threads 1,2] [--markdown] [--batched-only]
 #include <immintrin.h>
 
 // GCC 12's _mm512_reduce_add_ps starts from an _mm512_undefined value: a false positive.
@@ -97,6 +98,7 @@ struct Row {
 int main(int argc, char** argv) {
   std::vector<int> thread_counts = {1, 2};
   bool markdown = false;
+  bool batched_only = false;  // only the probes and the batched-decode matmul rows (quick)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) {
@@ -109,8 +111,10 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--markdown") {
       markdown = true;
+    } else if (a == "--batched-only") {
+      batched_only = true;
     } else {
-      std::fprintf(stderr, "usage: kernel_bench [--threads 1,2] [--markdown]\n");
+      std::fprintf(stderr, "usage: kernel_bench [--threads 1,2] [--markdown] [--batched-only]\n");
       return 2;
     }
   }
@@ -143,6 +147,7 @@ int main(int argc, char** argv) {
     rows.push_back({"fp32 FMA peak (" + tt + ")", "vfmadd231ps" + chains, fp32_peak, fp32_peak, 100, "GFLOPS"});
 
     for (DType dtype : {DType::BF16, DType::F8_E4M3}) {
+      if (batched_only) break;
       const KernelEntry* k = best_kernel(OpId::matmul, OpShape{.weight_dtype = dtype});
       const auto* ref = Registry::global().kernels(OpId::matmul, Backend::reference).front();
       auto fn = reinterpret_cast<MatmulFn>(k->fn);
@@ -192,6 +197,34 @@ int main(int argc, char** argv) {
         }
       }
     }
+
+    // Batched decode: each routed expert gets 5-16 rows in a 64-stream decode step, dense
+    // projections and the lm_head get all 64. Default precision (x rounded to bf16 past
+    // split_max_tokens). Roofline: the bf16 peak or streaming the weights once, whichever is lower.
+    for (DType dtype : {DType::BF16, DType::F8_E4M3}) {
+      const KernelEntry* k = best_kernel(OpId::matmul, OpShape{.weight_dtype = dtype});
+      auto fn = reinterpret_cast<MatmulFn>(k->fn);
+      const Shape batched[] = {{2048, 1408}, {1408, 2048}, {3072, 2048}, {102400, 2048}};  // experts, q_b/kv_b, lm_head
+      for (const Shape& s : batched) {
+        if (dtype == DType::F8_E4M3 && s.N > 4096) continue;  // the lm_head stays bf16
+        Weights w = make_weights(dtype, s.N, s.K, kLlcSpan);
+        for (int64_t T : {8, 16, 64}) {
+          std::vector<float> x(static_cast<size_t>(T * s.K)), y(static_cast<size_t>(T * s.N));
+          for (float& v : x) v = dist(rng);
+          size_t c = 0;
+          const double sec = time_per_call([&] {
+            fn(x.data(), T, w.copies[c], y.data(), MatmulPrecision{});
+            c = (c + 1) % w.copies.size();
+          }, 1.0);
+          const double flops = 2.0 * T * s.N * s.K, gflops = flops / sec / 1e9;
+          const double roof = std::min(peak, bw * flops / static_cast<double>(w.copies[0].bytes()));
+          rows.push_back({"matmul " + std::string(dtype_name(dtype)) + " " + std::to_string(s.N) + "x" +
+                              std::to_string(s.K) + " T=" + std::to_string(T) + " (" + tt + ")",
+                          k->name, gflops, roof, 100 * gflops / roof, "GFLOPS"});
+        }
+      }
+    }
+    if (batched_only) continue;
 
     // MLA decode attention: one token, 16 heads, 4096 cached latents of 576 values in the paged
     // bf16 cache (blocks of 64 rows, shuffled over the pool as a serving engine leaves them).

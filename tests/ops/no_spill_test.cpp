@@ -184,8 +184,10 @@ TEST(NoSpill, HotKernelsKeepAccumulatorsInRegisters) {
                             reinterpret_cast<const void*>(&moat::bench::fma_loop),
                             static_cast<const void*>(moat::bench::kReadPatterns)})
     asm volatile("" : : "r"(probe));
-  // 32 bf16 tiles (4 row counts x 4 token counts x split or not) and the 14 fp8 ones.
+  // 32 bf16 tiles (4 row counts x 4 token counts x split or not), the 14 fp8 ones and the 6 packed
+  // outer-product tiles (1..6 tokens x 64 rows: 24 accumulators, the most registers of any).
   std::vector<Hot> hot = {{"cpu_avx512bf16::(anonymous namespace)::tile_bf16<", 32},
+                          {"cpu_avx512bf16::(anonymous namespace)::tile_packed<", 6},
                           {"cpu_avx512bf16::(anonymous namespace)::tile_fp8<", 14, 0, true},
                           // the decode-sized bf16 tiles (1 or 2 tokens) prefetch their rows
                           {"cpu_avx512bf16::(anonymous namespace)::tile_bf16<4, 1, ", 2, 0, true},

@@ -150,19 +150,23 @@ TEST(OpsMatmul, EveryHostKernelMatchesReference) {
   };
   // odd sizes, a partial 32-lane tail, ragged fp8 blocks (130 x 300: blocks of 128 + 2 rows,
   // 128 + 128 + 44 columns), one real-sized slab, and K > 2048 (prefill blocks K by 2048)
-  const Shape shapes[] = {{1, 1}, {5, 7}, {37, 200}, {130, 300}, {64, 2048}, {260, 129}, {9, 4200}};
+  // 70 x 2100: a panel of 64 rows and one of 6, and column blocks of 256 past a K of 2048 (the packed
+  // kernel for T > split_max_tokens)
+  const Shape shapes[] = {{1, 1}, {5, 7}, {37, 200}, {130, 300}, {64, 2048}, {260, 129}, {9, 4200}, {70, 2100}};
   for (DType dtype : {DType::F32, DType::BF16, DType::F16, DType::F8_E4M3}) {
     const OpShape shape{.weight_dtype = dtype};
     const auto kernels = host_kernels(OpId::matmul, shape);
     ASSERT_FALSE(kernels.empty());
     for (const Shape& s : shapes) {
       TestWeight tw = make_weight(dtype, s.N, s.K, rng);
-      for (int64_t T : {1, 2, 3, 4, 5, 17}) {
+      // T = 5..64: batched decode (token tiles of up to 6, balanced); 512: prefill
+      for (int64_t T : {1, 2, 3, 4, 5, 6, 7, 8, 13, 16, 17, 64, 512}) {
         const auto x = randn(static_cast<size_t>(T * s.K), rng);
         std::vector<float> ref(static_cast<size_t>(T * s.N));
         fn_of<MatmulFn>(kernels[0])(x.data(), T, tw.w, ref.data(), MatmulPrecision::exact());
         for (const KernelEntry* k : kernels)
-          for (int64_t split_max : {std::numeric_limits<int64_t>::max(), int64_t{16}})  // accurate, fast prefill
+          // accurate, the default (x rounded to bf16 past 4 tokens), fast prefill past 16
+          for (int64_t split_max : {std::numeric_limits<int64_t>::max(), int64_t{4}, int64_t{16}})
             for (bool fp8_exact : {false, true}) {
               std::vector<float> out(ref.size(), NAN);
               fn_of<MatmulFn>(k)(x.data(), T, tw.w, out.data(), MatmulPrecision{split_max, fp8_exact});

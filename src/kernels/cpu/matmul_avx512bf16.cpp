@@ -8,9 +8,13 @@
 //   vector takes two dot products: as accurate as fp32 FMAs, and free when bandwidth-bound.
 //   Longer calls (prefill, compute-bound) round x to bf16 once: twice the dot-product rate,
 //   normalized error ~4e-3. n = max keeps every call exact (the golden tests, at 1e-3).
-// - W streams from memory exactly once per call: each task owns a range of 4-row groups, walks it
-//   in chunks of rows that stay in L2 (~128 KiB), and runs every token against a chunk before the
-//   next; the microkernel keeps 4 rows x up to 4 tokens of accumulators in registers.
+// - W streams from memory exactly once per call. Split calls (decode, exact mode): each task owns a
+//   range of 4-row groups, walks it in chunks of rows that stay in L2 (~128 KiB), and runs every
+//   token against a chunk before the next; the microkernel (tile_bf16) keeps 4 rows x up to 4
+//   tokens of dot-product accumulators in registers. Calls that round x to bf16 (batched decode
+//   and prefill, T > 4) repack 64 weight rows x 256 columns at a time into column pairs
+//   (pack_panel, 32 KiB in L1) and run outer products over them (tile_packed: 64 rows x 6 tokens,
+//   no horizontal sums).
 // - fp8 weights round x to bf16 (W8A16, as GPU engines serve fp8 checkpoints), because here the
 //   split does not come free: decoding 64 e4m3 codes (two vpermt2b byte-table lookups, exact) plus
 //   four dot products instead of two makes the decode GEMV compute-bound at ~65% of the memory
@@ -410,6 +414,164 @@ void dequantize_rows(const WeightMatrix& w, int64_t n0, int64_t rows, int64_t k0
   }
 }
 
+// ---- batched decode and prefill (T > split threshold): packed weights, outer products --------
+//
+// The dot-product tiles above keep lanes along k: each 32-column step loads NR weight and NT token
+// vectors (64 B each) for NR x NT vdpbf16ps, and a 4x4 tile sweeping a chunk that lives in L2
+// needs ~32 B/cycle from it: on Zen 5 that capped T = 512 at ~50% of the bf16 peak. Here lanes run
+// along output rows instead: a panel of 64 weight rows is repacked per call into pairs of columns
+// ([k/2][64 rows][2], the layout vdpbf16ps multiplies against a broadcast pair of activations), so
+// one step loads 4 weight vectors and broadcasts 4 bytes per token: 4 x NT dot products with no
+// horizontal sums, and y[t, n0..n0+64) comes out as 4 contiguous vectors. The repack (a 16x16
+// dword transpose per 16 rows x 32 columns) is the price, paid once per weight element and per
+// call, whatever T; weights stay where the checkpoint mmap put them.
+constexpr int kPanelRows = 64;  // 4 zmm of 16 rows: 4 x 6 accumulators + 4 weights + 1 broadcast
+constexpr int kTokTile = 6;     // tokens per microkernel (at most; xq rows are padded to 6)
+constexpr int64_t kPackCols = 2048;  // f16 / fp8 columns dequantized at once: 64 x 2048 bf16 = 256 KiB, in L2
+constexpr int64_t kSubCols = 256;    // columns per microkernel call: 32 KiB of packed panel, in L1
+
+// Token tile i of a call covers tokens [T*i/n, T*(i+1)/n), n = ceil(T/6): balanced, so T = 8 runs
+// as 4 + 4 rather than 6 + 2 (a 2-token tile loads 4 weight vectors per 8 dot products).
+inline int64_t token_tiles(int64_t T) { return (T + kTokTile - 1) / kTokTile; }
+inline int64_t tile_start(int64_t T, int64_t i) { return T * i / token_tiles(T); }
+
+// xb[T, Kp] bf16 -> xq[tiles, Kp/2, 6] bf16 pairs (as uint32), zero past a tile's tokens: a token
+// tile's broadcasts for one column pair sit side by side.
+void pack_x(const uint16_t* xb, int64_t T, int64_t Kp, uint32_t* xq) {
+  const int64_t pairs = Kp / 2, tiles = token_tiles(T);
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    uint32_t* dst = xq + tile * pairs * kTokTile;
+    const int64_t t0 = tile_start(T, tile), nt = tile_start(T, tile + 1) - t0;
+    for (int t = 0; t < kTokTile; ++t) {
+      if (t >= nt) {
+        for (int64_t j = 0; j < pairs; ++j) dst[j * kTokTile + t] = 0;
+        continue;
+      }
+      const uint32_t* src = reinterpret_cast<const uint32_t*>(xb + (t0 + t) * Kp);
+      for (int64_t j = 0; j < pairs; ++j) dst[j * kTokTile + t] = src[j];
+    }
+  }
+}
+
+// 16 rows of 32 bf16 (16 column pairs each, as dwords) -> 16 vectors, vector j = pair j of rows
+// 0..15: a 16x16 dword transpose in 4 rounds of 16 shuffles.
+__attribute__((always_inline)) inline void transpose16(__m512i (&r)[16]) {
+  __m512i t[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  // per 128-bit lane L: u[4g + c] holds element 4L + c of rows 4g..4g+3
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; ++g) {
+    const int b = 4 * g;
+    r[b + 0] = _mm512_unpacklo_epi64(t[b + 0], t[b + 2]);
+    r[b + 1] = _mm512_unpackhi_epi64(t[b + 0], t[b + 2]);
+    r[b + 2] = _mm512_unpacklo_epi64(t[b + 1], t[b + 3]);
+    r[b + 3] = _mm512_unpackhi_epi64(t[b + 1], t[b + 3]);
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88), v1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xdd);
+    const __m512i v2 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
+    const __m512i v3 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xdd);
+    t[c] = _mm512_shuffle_i32x4(v0, v2, 0x88);       // element c
+    t[c + 8] = _mm512_shuffle_i32x4(v0, v2, 0xdd);   // element c + 8
+    t[c + 4] = _mm512_shuffle_i32x4(v1, v3, 0x88);   // element c + 4
+    t[c + 12] = _mm512_shuffle_i32x4(v1, v3, 0xdd);  // element c + 12
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+
+// Rows [0, rows) x columns [k0, k0 + width) of src (bf16, row stride ss, K columns; columns
+// past K read as zero) -> wp[width/2][64][2]: the panel layout. Rows past `rows` are zero.
+// width % 32 == 0. Called once per kSubCols columns, right before the tiles use them, so the
+// prefetches it issues kSubCols columns ahead in each row (on into the next panel's rows after the
+// last block) are in flight while the tiles compute: packing a whole panel first and computing
+// after left the memory idle for half the time at T = 8.
+void pack_panel(const uint16_t* src, int64_t ss, int64_t rows, int64_t k0, int64_t width, int64_t K, uint16_t* wp) {
+  const int64_t Kr = (K + 63) / 64 * 64;  // where a row's packing ends (the next row's begins)
+  for (int v = 0; v < kPanelRows / 16; ++v) {
+    const uint16_t* rp[16];  // rows past `rows` read row 0 under a zero mask
+    uint32_t live = 0;
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) {
+      const int64_t row = v * 16 + i;
+      rp[i] = src + (row < rows ? row : 0) * ss;
+      live |= (row < rows ? 1u : 0u) << i;
+    }
+    for (int64_t k = k0; k < k0 + width; k += 32) {
+      const __mmask32 m = tail_mask(std::max<int64_t>(0, K - k));
+      const int64_t ka = k + kSubCols, ahead = ka < Kr ? ka : kPanelRows * ss + ka - Kr;
+      __m512i r[16];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) {
+        _mm_prefetch(reinterpret_cast<const char*>(rp[i] + ahead), _MM_HINT_T0);
+        r[i] = _mm512_maskz_loadu_epi16((live >> i) & 1 ? m : 0, rp[i] + k);
+      }
+      transpose16(r);
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; ++j) _mm512_store_si512(wp + (((k - k0) / 2 + j) * kPanelRows + v * 16) * 2, r[j]);
+    }
+  }
+}
+
+// y[t, 0..64) (+)= sum over `pairs` column pairs of wp[j][.][2] . xq[j][t] for NT <= 6 tokens.
+// Lanes past the panel's rows are masked off (m[v]: vector v's valid lanes).
+template <int NT>
+void tile_packed(const uint16_t* wp, const uint32_t* xq, int64_t pairs, float* y, int64_t N, const __mmask16 (&m)[4],
+                 bool accumulate) {
+  __m512 acc[NT][4];
+#pragma GCC unroll 6
+  for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v)
+      acc[t][v] = accumulate ? _mm512_maskz_loadu_ps(m[v], y + t * N + 16 * v) : _mm512_setzero_ps();
+  for (int64_t j = 0; j < pairs; ++j) {
+    const uint16_t* w = wp + j * kPanelRows * 2;
+    const __m512i w0 = _mm512_load_si512(w), w1 = _mm512_load_si512(w + 32), w2 = _mm512_load_si512(w + 64),
+                  w3 = _mm512_load_si512(w + 96);
+#pragma GCC unroll 6
+    for (int t = 0; t < NT; ++t) {
+      const __m512bh b = (__m512bh)_mm512_set1_epi32(static_cast<int>(xq[j * kTokTile + t]));
+      acc[t][0] = _mm512_dpbf16_ps(acc[t][0], (__m512bh)w0, b);
+      acc[t][1] = _mm512_dpbf16_ps(acc[t][1], (__m512bh)w1, b);
+      acc[t][2] = _mm512_dpbf16_ps(acc[t][2], (__m512bh)w2, b);
+      acc[t][3] = _mm512_dpbf16_ps(acc[t][3], (__m512bh)w3, b);
+    }
+  }
+#pragma GCC unroll 6
+  for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(y + t * N + 16 * v, m[v], acc[t][v]);
+}
+
+using PackedTileFn = void (*)(const uint16_t*, const uint32_t*, int64_t, float*, int64_t, const __mmask16 (&)[4], bool);
+constexpr PackedTileFn kPackedTiles[kTokTile] = {&tile_packed<1>, &tile_packed<2>, &tile_packed<3>,
+                                                 &tile_packed<4>, &tile_packed<5>, &tile_packed<6>};
+
+// All T tokens (xq: pack_x) against rows [n0, n0 + rows) of src (bf16, row stride ss, K columns:
+// the weights, or a block of them dequantized, whose column 0 is column k0 of the matrix); y
+// points at column n0 of token 0. Columns go in blocks of kSubCols, packed (wp: 32 KiB, in L1)
+// right before every token tile sweeps them.
+void run_panel(const uint16_t* src, int64_t ss, int64_t rows, int64_t K, int64_t k0, const uint32_t* xq, int64_t T,
+               int64_t Kp, float* y, int64_t N, uint16_t* wp) {
+  __mmask16 m[4];
+  for (int v = 0; v < 4; ++v) m[v] = static_cast<__mmask16>(tail_mask(std::clamp<int64_t>(rows - 16 * v, 0, 16)));
+  const int64_t tiles = token_tiles(T);
+  for (int64_t kc = 0; kc < K; kc += kSubCols) {
+    const int64_t width = std::min<int64_t>(kSubCols, (K - kc + 31) / 32 * 32);
+    pack_panel(src, ss, rows, kc, width, K, wp);
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+      const int64_t t0 = tile_start(T, tile), nt = tile_start(T, tile + 1) - t0;
+      kPackedTiles[nt - 1](wp, xq + (tile * Kp / 2 + (k0 + kc) / 2) * kTokTile, width / 2, y + t0 * N, N, m,
+                           k0 + kc > 0);
+    }
+  }
+}
+
 }  // namespace
 
 void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision) {
@@ -429,6 +591,36 @@ void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const Ma
   convert_x(x, T, K, Kp, xb_buf.data(), split ? xb_buf.data() + T * Kp : nullptr);
   const uint16_t* xb = xb_buf.data();
   const int64_t lo_off = split ? T * Kp : 0;
+  if (!split && T > kMinSplitTokens) {
+    // batched decode and prefill: packed panels, outer products (tile_packed)
+    thread_local std::vector<uint32_t> xq_buf;  // [tiles, Kp/2, 6] (pack_x)
+    xq_buf.resize(static_cast<size_t>(token_tiles(T) * Kp / 2 * kTokTile));
+    pack_x(xb, T, Kp, xq_buf.data());
+    const uint32_t* xq = xq_buf.data();
+    thread_pool().parallel_for((N + kPanelRows - 1) / kPanelRows, [&](int64_t p0, int64_t p1) {
+      struct alignas(64) Line {
+        uint16_t v[32];
+      };
+      thread_local std::vector<Line> wp_buf;  // [kSubCols/2, 64, 2] bf16: one packed block (aligned loads)
+      thread_local std::vector<uint16_t> deq;  // [64, kPackCols] bf16: f16 / fp8 rows dequantized
+      wp_buf.resize(static_cast<size_t>(kSubCols * kPanelRows / 32));
+      uint16_t* wp = wp_buf.data()->v;
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t n0 = p * kPanelRows, rows = std::min<int64_t>(kPanelRows, N - n0);
+        if (w.dtype == DType::BF16) {
+          run_panel(static_cast<const uint16_t*>(w.data) + n0 * K, K, rows, K, 0, xq, T, Kp, y + n0, N, wp);
+          continue;
+        }
+        for (int64_t kb = 0; kb < Kp; kb += kPackCols) {
+          const int64_t width = std::min(kPackCols, Kp - kb);
+          deq.resize(static_cast<size_t>(kPanelRows * kPackCols));
+          dequantize_rows(w, n0, rows, kb, width, deq.data());
+          run_panel(deq.data(), width, rows, width, kb, xq, T, Kp, y + n0, N, wp);
+        }
+      }
+    });
+    return;
+  }
   // Prefill blocks K so that a 4-token x tile (4 x 2048 bf16 = 16 KiB) stays in L1 and a chunk of
   // rows x 2048 stays in L2 while all T tokens sweep it; otherwise each 4-row chunk of a wide
   // matrix (K = 10944) would stream all of x again. Decode (T <= 4) reads whole rows.
