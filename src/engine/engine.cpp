@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -229,6 +230,8 @@ void Engine::sample_and_verify(std::span<const ScheduledChunk* const> chunks,
       logprobs[i].resize(emitted[i].size());
       sampler_.logprobs(logits, static_cast<int64_t>(emitted[i].size()), V, rows, emitted[i], logprobs[i]);
     }
+    const double rate = static_cast<double>(v.accepted) / static_cast<double>(k);
+    r.spec_acceptance = r.spec_acceptance < 0 ? rate : 0.7 * r.spec_acceptance + 0.3 * rate;
     stats_.draft_tokens += k;
     stats_.accepted_tokens += v.accepted;
     ++stats_.spec_steps;
@@ -241,15 +244,21 @@ void Engine::sample_and_verify(std::span<const ScheduledChunk* const> chunks,
 
 void Engine::propose_next() {
   if (!proposer_) return;
+  const SpeculativeConfig& sp = config_.speculative;
   std::vector<ProposeRequest> requests;
   for (Request* r : scheduler_->running()) {
     if (r->finished() || r->num_computed_tokens != r->length() - 1) continue;  // still prefilling
     // Guesses and the token after them must fit the request's limits.
     const int64_t room = std::min(r->stop.max_tokens - static_cast<int64_t>(r->output.size()),
                                   config_.max_model_len - r->length()) - 1;
-    const int64_t k = std::min<int64_t>(config_.speculative.num_tokens, room);
+    int64_t k = std::min<int64_t>(sp.num_tokens, room);
+    if (sp.min_guess_acceptance > 0 && r->spec_acceptance >= 0 && r->spec_acceptance < 1) {
+      const double alpha = std::max(r->spec_acceptance, 1e-3);
+      k = std::min<int64_t>(k, std::max<int64_t>(1, static_cast<int64_t>(std::log(sp.min_guess_acceptance) / std::log(alpha))));
+    }
     if (k >= 1) requests.push_back({r, static_cast<int32_t>(k)});
   }
+  if (sp.disable_by_batch_size > 0 && static_cast<int64_t>(requests.size()) > sp.disable_by_batch_size) return;
   if (!requests.empty()) proposer_->propose(requests);
 }
 

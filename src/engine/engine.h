@@ -26,6 +26,14 @@ struct SpeculativeConfig {
   int32_t num_tokens = 4;      // guesses per request per step, [1, 64]
   DeepseekModel* draft_model = nullptr;  // "draft": the caller's, alive as long as the engine
   int32_t ngram_min = 2, ngram_max = 4;  // "ngram": suffix lengths looked up, longest first
+  // Adaptive k: a request guesses only as far as the j-th guess is still accepted with
+  // probability alpha^j >= min_guess_acceptance, alpha its own moving acceptance rate (at least
+  // one guess, so a rate can recover). 0: always num_tokens.
+  double min_guess_acceptance = 0.25;
+  // No guesses while more requests than this decode at once: a wide batch already reads every
+  // expert, so verification tokens cost nearly what real ones do (vLLM's disable_by_batch_size).
+  // 0: no limit.
+  int32_t disable_by_batch_size = 0;
   bool enabled() const { return !method.empty(); }
 };
 

@@ -63,6 +63,9 @@ struct Request {
   int64_t num_draft_tokens = 0;     // proposed and verified, over the request's life
   int64_t num_accepted_tokens = 0;  // of those, accepted
   int64_t num_spec_steps = 0;       // verification steps
+  // Moving average of the fraction of guesses accepted per verification (adaptive k); < 0
+  // before the first.
+  double spec_acceptance = -1.0;
 
   int64_t length() const { return static_cast<int64_t>(prompt.size() + output.size()); }
   int32_t token_at(int64_t i) const {

@@ -97,3 +97,40 @@ TEST(Cli, GenerateChatWrapsThePromptInTheTemplate) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Cli, GenerateSpeculativeKeepsGreedyTextAndReportsAcceptance) {
+  if (!std::filesystem::exists(kRoot / "models/k3-nano-draft/config.json")) GTEST_SKIP() << "no shipped draft";
+  const std::string base = "generate --prompt \"The meaning of life is\" --max-tokens 24 --temperature 0 --exact";
+  CliRun plain = run(base);
+  const std::string draft = (kRoot / "models/k3-nano-draft").string();
+  CliRun with_draft = run(base + " --speculative draft:" + draft + " --num-speculative-tokens 3");
+  CliRun with_ngram = run(base + " --speculative ngram");
+  ASSERT_EQ(plain.exit_code, 0);
+  ASSERT_EQ(with_draft.exit_code, 0);
+  ASSERT_EQ(with_ngram.exit_code, 0);
+  EXPECT_EQ(with_draft.output, plain.output);
+  EXPECT_EQ(with_ngram.output, plain.output);
+  CliRun summary = run(base + " --speculative draft:" + draft, true);
+  EXPECT_NE(summary.output.find("accepted"), std::string::npos) << summary.output;
+}
+
+TEST(Cli, BadSpeculativeFlagsNameTheProblem) {
+  if (!std::filesystem::exists(kRoot / "models/k3-nano/config.json")) GTEST_SKIP() << "models/k3-nano not shipped yet";
+  CliRun unknown = run("generate --prompt Hi --max-tokens 2 --speculative eagle", true);
+  EXPECT_NE(unknown.exit_code, 0);
+  EXPECT_NE(unknown.output.find("eagle"), std::string::npos) << unknown.output;
+  CliRun missing = run("generate --prompt Hi --max-tokens 2 --speculative draft:/nonexistent/draft", true);
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.output.find("/nonexistent/draft"), std::string::npos) << missing.output;
+  CliRun no_dir = run("generate --prompt Hi --max-tokens 2 --speculative draft", true);
+  EXPECT_NE(no_dir.exit_code, 0);
+  EXPECT_NE(no_dir.output.find("draft:DIR"), std::string::npos) << no_dir.output;
+  // a draft with another vocabulary
+  CliRun vocab = run("generate --prompt Hi --max-tokens 2 --speculative draft:" + (kRoot / "tests/golden/tiny_qlora").string(), true);
+  EXPECT_NE(vocab.exit_code, 0);
+  EXPECT_NE(vocab.output.find("vocabulary"), std::string::npos) << vocab.output;
+}
+
+}  // namespace

@@ -43,8 +43,11 @@ struct TestServer {
   std::unique_ptr<OpenAIServer> server;
   std::thread thread;
 
-  explicit TestServer(ServerOptions o = {}, AsyncEngine::Options eo = {}, int32_t max_num_seqs = 16) {
-    auto e = Engine::create(*model->model, {.kv_memory_bytes = 48 << 20, .max_model_len = kContext, .max_num_seqs = max_num_seqs},
+  explicit TestServer(ServerOptions o = {}, AsyncEngine::Options eo = {}, int32_t max_num_seqs = 16,
+                      SpeculativeConfig speculative = {}) {
+    auto e = Engine::create(*model->model,
+                            {.kv_memory_bytes = 48 << 20, .max_model_len = kContext, .max_num_seqs = max_num_seqs,
+                             .speculative = speculative},
                             &model->tokenizer);
     EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().message);
     engine = std::make_unique<AsyncEngine>(std::move(e).value(), eo);
@@ -747,6 +750,38 @@ TEST(Server, TokenizeAndDetokenize) {
   json chat = post_json(*c, "/tokenize", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}});
   EXPECT_EQ(chat["tokens"].get<std::vector<int32_t>>(),
             main_server().model->tokenizer.encode("<|bos|><|user|>Hi<|eos|><|assistant|>"));
+}
+
+}  // namespace
+}  // namespace moat::server
+
+namespace moat::server {
+namespace {
+
+TEST(Server, SpeculativeServingStreamsTheGreedyTextAndCountsAcceptance) {
+  TestServer s({}, {}, 16, {.method = "ngram", .num_tokens = 3});
+  const std::vector<std::string> prompts = {"The meaning of life is", "A computer is", "Love is", "Perl is"};
+  std::vector<Expected> want;
+  for (const auto& p : prompts) want.push_back(engine_generate(bos_encode(p), 24));
+  std::vector<std::string> got(prompts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    clients.emplace_back([&, i] {
+      auto c = s.client();
+      Sse sse = post_stream(*c, "/v1/completions",
+                            {{"prompt", bos_encode(prompts[i])}, {"max_tokens", 24}, {"temperature", 0}, {"stream", true}});
+      got[i] = stream_text(sse, false);
+    });
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], want[i].text) << prompts[i];
+  auto c = s.client();
+  auto metrics = c->Get("/metrics");
+  ASSERT_TRUE(metrics);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(metrics->body, m, std::regex("moat:spec_decode_num_draft_tokens_total\\{[^}]*\\} ([0-9.e+]+)")))
+      << metrics->body;
+  EXPECT_GT(std::stod(m[1]), 0.0);
+  EXPECT_TRUE(s.wait_engine_idle());
 }
 
 }  // namespace
