@@ -4,6 +4,7 @@
   tools/make_golden.py                      # all random-weight configs -> tests/golden/<name>/
   tools/make_golden.py --only tiny_fp8
   tools/make_golden.py --model-dir models/k3-nano --name k3_nano [--text "..."]
+  tools/make_golden.py --mtp-only           # golden_mtp.safetensors of the checkpoints with an MTP layer
 
 Each tests/golden/<name>/ holds config.json + the checkpoint (random-weight configs only; for a
 shipped model the checkpoint stays in models/ and the metadata names it) and golden.safetensors:
@@ -132,6 +133,36 @@ def golden_random(name):
         name, T, m, logits.abs().max().item(), size / 1e6))
 
 
+def golden_mtp(name):
+    """tests/golden/<name>/golden_mtp.safetensors for a checkpoint with an MTP layer (the
+    random-weight ones written with mtp=True), from the checkpoint already there:
+      input_ids    I32 [T]            the main golden's input
+      final_hidden F32 [T, hidden]    the main model's final normed hidden state
+      logits       F32 [T-1, vocab]   MTP logits at positions 0..T-2 (next token input_ids[i+1])
+      hidden       F32 [T-1, hidden]  MTP output (before shared_head.norm), what a chained guess reads
+    Same tolerance as the main golden."""
+    from reference_model import load_mtp
+    from safetensors_io import read_safetensors
+    d = os.path.join(ROOT, "tests", "golden", name)
+    model = load_model(d)
+    mtp = load_mtp(d)
+    ids = read_safetensors(os.path.join(d, "golden.safetensors"))[0]["input_ids"][1].long()
+    with torch.no_grad():
+        _, final = model(ids, return_final=True)
+        n = ids.shape[0] - 1
+        cos, sin = model.cos_sin(n)
+        logits, hidden = mtp(ids[1:], final[:-1], cos, sin, torch.arange(n))
+    meta = {"name": name, "tolerance": TOL, "min_top1_margin_rel": margin(logits),
+            "note": "MTP head of model.layers.{num_hidden_layers}; reference = tools/reference_model.py MTPLayer, "
+                    "fp32 compute; input at position i = (final normed hidden h_i, token input_ids[i+1]), "
+                    "embedding zeroed at position 0"}
+    write_safetensors(os.path.join(d, "golden_mtp.safetensors"),
+                      [entry("input_ids", ids.to(torch.int32)), entry("final_hidden", final.float().contiguous()),
+                       entry("logits", logits.float().contiguous()), entry("hidden", hidden.float().contiguous())],
+                      {"meta": json.dumps(meta)})
+    print("%-12s MTP T=%d margin=%.4f max|logit|=%.3f" % (name, n, margin(logits), logits.abs().max().item()))
+
+
 def golden_model_dir(model_dir, name, text=None):
     """Golden for a shipped model: input = <|bos|> + the first tokens of a held-out document
     (the first validation document whose top-1 margin is >= 3e-3, else the best of 50)."""
@@ -168,13 +199,21 @@ def main():
     ap.add_argument("--model-dir")
     ap.add_argument("--name")
     ap.add_argument("--text")
+    ap.add_argument("--mtp-only", action="store_true",
+                    help="only golden_mtp.safetensors, from the checkpoints already in tests/golden")
     a = ap.parse_args()
     torch.set_num_threads(1)
+    if a.mtp_only:
+        for name in a.only or [n for n, c in CONFIGS.items() if c[4]]:
+            golden_mtp(name)
+        return
     if a.model_dir:
         golden_model_dir(a.model_dir, a.name, a.text)
         return
     for name in a.only or list(CONFIGS):
         golden_random(name)
+        if CONFIGS[name][4]:
+            golden_mtp(name)
 
 
 if __name__ == "__main__":

@@ -313,9 +313,10 @@ class DeepseekV3ForCausalLM(nn.Module):
         ang = torch.outer(pos, self.inv_freq.to(device))
         return ang.cos() * self.rope_mscale, ang.sin() * self.rope_mscale
 
-    def forward(self, ids, return_hidden=False):
+    def forward(self, ids, return_hidden=False, return_final=False):
         """ids [B, T] or [T] int64 -> logits fp32 [B, T, V] (and the residual stream after
-        each decoder layer when return_hidden)."""
+        each decoder layer when return_hidden; the final normed hidden state, what MTP reads,
+        when return_final)."""
         squeeze = ids.dim() == 1
         if squeeze:
             ids = ids[None]
@@ -332,6 +333,9 @@ class DeepseekV3ForCausalLM(nn.Module):
         if squeeze:
             logits = logits[0]
             hidden = [x[0] for x in hidden]
+            h = h[0]
+        if return_final:
+            return logits, h
         return (logits, hidden) if return_hidden else logits
 
     def tensor_names(self):
@@ -348,6 +352,66 @@ def count_params(model):
             per = sum(p.numel() for p in layer.mlp.experts[0].parameters())
             active -= per * (cfg.n_routed_experts - cfg.num_experts_per_tok)
     return total, active
+
+
+class MTPLayer(nn.Module):
+    """DeepSeek-V3's multi-token prediction module (num_nextn_predict_layers), the checkpoint's
+    model.layers.{L}.* for L = num_hidden_layers: position i combines the main model's final
+    (normed) hidden state h_i with the embedding of the next token x_{i+1} and predicts x_{i+2}:
+        e = embed(x_{i+1}), zeroed at position 0 (vLLM's convention)
+        h = eh_proj([enorm(e); hnorm(h_i)])          eh_proj: [hidden, 2 * hidden]
+        h = decoder layer (MLA attention over the module's own cache of positions <= i, MoE)
+        logits = shared_head.head(shared_head.norm(h))
+    Chained guesses feed its output h (before shared_head.norm) back as the next h_i."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        D = cfg.hidden_size
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, D)
+        self.enorm = RMSNorm(D, cfg.rms_norm_eps)
+        self.hnorm = RMSNorm(D, cfg.rms_norm_eps)
+        self.eh_proj = _lin(2 * D, D)
+        layer = DecoderLayer(cfg, cfg.num_hidden_layers)
+        if not isinstance(layer.mlp, MoE) and cfg.n_routed_experts:
+            layer.mlp = MoE(cfg)  # the MTP block is an MoE layer whenever the model has experts
+        self.block = layer
+        self.shared_head_norm = RMSNorm(D, cfg.rms_norm_eps)
+        self.shared_head = _lin(D, cfg.vocab_size)
+
+    def forward(self, next_ids, prev_hidden, cos, sin, positions):
+        """next_ids [T] (the token after each position), prev_hidden [T, D], positions [T]
+        (0..T-1, one sequence) -> (logits [T, V], hidden [T, D])."""
+        e = self.embed_tokens(next_ids).to(CD)
+        e = torch.where((positions == 0)[:, None], torch.zeros_like(e), e)
+        h = self.eh_proj(torch.cat([self.enorm(e), self.hnorm(prev_hidden.to(CD))], dim=-1).to(self.eh_proj.weight.dtype)).to(CD)
+        h = self.block(h[None], cos, sin)[0]
+        return F.linear(self.shared_head_norm(h), self.shared_head.weight).to(CD), h
+
+
+def load_mtp(ckpt_dir, dtype=torch.float32):
+    """The MTP layer of an HF checkpoint (model.layers.{num_hidden_layers}.*), FP8 dequantized."""
+    from safetensors_io import read_checkpoint_dir
+    import fp8
+    cfg = Config.load(ckpt_dir)
+    mtp = MTPLayer(cfg)
+    raw = read_checkpoint_dir(ckpt_dir)
+    prefix = "model.layers.%d." % cfg.num_hidden_layers
+    rename = {"shared_head.norm.weight": "shared_head_norm.weight", "shared_head.head.weight": "shared_head.weight"}
+    sd = {}
+    for name, (dt, t) in raw.items():
+        if not name.startswith(prefix) or name.endswith("_scale_inv"):
+            continue
+        if dt == "F8_E4M3":
+            t = fp8.dequantize_block(t, raw[name + "_scale_inv"][1])
+        short = name[len(prefix):]
+        if short in rename:
+            short = rename[short]
+        elif short.split(".")[0] not in ("embed_tokens", "enorm", "hnorm", "eh_proj"):
+            short = "block." + short
+        sd[short] = t.float()
+    missing, unexpected = mtp.load_state_dict(sd, strict=False)
+    assert not missing and not unexpected, (missing, unexpected)
+    return mtp.to(dtype)
 
 
 # ---------------------------------------------------------------- checkpoint loading
