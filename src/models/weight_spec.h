@@ -42,6 +42,7 @@ enum class Part {
   router,          // mlp.gate.weight and its e_score_correction_bias
   routed_expert,   // mlp.experts.{expert}.*
   shared_experts,  // mlp.shared_experts.*: one MLP of width n_shared * moe_intermediate
+  mtp_input,       // an MTP head's enorm, hnorm and eh_proj (models/deepseek_v3_spec.cpp)
 };
 
 // What a tensor does inside its part.
@@ -64,6 +65,10 @@ enum class Role {
   up_proj,            // [inter, hidden]
   down_proj,          // [hidden, inter]
   score_bias,         // router e_score_correction_bias [E] (noaux_tc)
+  // MTP input (Part::mtp_input)
+  mtp_enorm,          // [hidden] on the next token's embedding
+  mtp_hnorm,          // [hidden] on the main model's hidden state
+  mtp_eh_proj,        // [hidden, 2 * hidden] over [enorm(embedding); hnorm(hidden)]
 };
 
 // How tensor parallelism splits a tensor across ranks (issue 15). Dimensions are the
@@ -129,5 +134,10 @@ void add_moe(WeightSpec& spec, int64_t layer, const std::string& prefix);
 
 // The DeepSeek-V3 / V2 / Kimi K2 table (models/deepseek_v3_spec.cpp).
 WeightSpec deepseek_v3_weight_spec(const ModelConfig& config);
+// The first MTP head of such a checkpoint (model.layers.{num_hidden_layers}.*) as a one-layer
+// model: its embed_tokens, the MTP input part, one decoder layer (MoE when the model has routed
+// experts), shared_head.norm as the final norm and shared_head.head as lm_head. Errors when the
+// config declares no MTP layer (num_nextn_predict_layers = 0).
+Result<WeightSpec> deepseek_v3_mtp_weight_spec(const ModelConfig& config);
 
 }  // namespace moat

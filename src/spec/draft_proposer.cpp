@@ -25,7 +25,7 @@ DraftModelProposer::DraftModelProposer(DeepseekModel& draft, int32_t num_blocks,
     : model_(draft),
       cache_(draft.cache_shape(), num_blocks, block_size),
       pool_(num_blocks, block_size),
-      sampler_(draft.ops()) {}
+      guesses_(draft.ops()) {}
 
 bool DraftModelProposer::grow(State& s, int64_t rows) {
   const int64_t bs = pool_.block_size();
@@ -42,28 +42,6 @@ void DraftModelProposer::release(uint64_t request_id) {
   if (it == states_.end()) return;
   for (int32_t b : it->second.blocks) pool_.release(b);
   states_.erase(it);
-}
-
-void DraftModelProposer::draw(std::span<Request* const> active, int64_t rows) {
-  const int64_t V = model_.config().vocab_size;
-  rows_.resize(static_cast<size_t>(rows));
-  for (int64_t i = 0; i < rows; ++i) {
-    Request& r = *active[i];
-    rows_[i] = {&r.sampling, &r.rng, r.prompt, history_[i]};
-  }
-  probs_.resize(static_cast<size_t>(rows * V));
-  sampler_.probabilities(logits_.data(), rows, V, rows_, probs_.data());
-  u_.resize(static_cast<size_t>(rows));
-  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
-  for (int64_t i = 0; i < rows; ++i) u_[i] = active[i]->sampling.greedy() ? 0.0f : uniform(active[i]->rng);
-  tokens_.resize(static_cast<size_t>(rows));
-  model_.ops().sample_from_probs(probs_.data(), rows, V, u_.data(), tokens_.data());
-  for (int64_t i = 0; i < rows; ++i) {
-    Request& r = *active[i];
-    r.spec_tokens.push_back(tokens_[i]);
-    history_[i].push_back(tokens_[i]);
-    if (!r.sampling.greedy()) r.spec_probs.insert(r.spec_probs.end(), probs_.begin() + i * V, probs_.begin() + (i + 1) * V);
-  }
 }
 
 void DraftModelProposer::propose(std::span<const ProposeRequest> requests) {
@@ -86,9 +64,7 @@ void DraftModelProposer::propose(std::span<const ProposeRequest> requests) {
                    [](const ProposeRequest* a, const ProposeRequest* b) { return a->max_tokens > b->max_tokens; });
   std::vector<Request*> active;
   for (const ProposeRequest* pr : order) active.push_back(pr->request);
-  history_.resize(active.size());
-  for (size_t i = 0; i < active.size(); ++i)
-    history_[i].assign(active[i]->output.begin(), active[i]->output.end());
+  guesses_.begin(active);
 
   // Long catch-ups (a new request's prompt) run first in chunks without logits, so one draft
   // forward never holds the activations of a whole long prompt.
@@ -129,7 +105,7 @@ void DraftModelProposer::propose(std::span<const ProposeRequest> requests) {
     const int64_t rows = static_cast<int64_t>(order.size());
     logits_.resize(static_cast<size_t>(rows * V));
     model_.forward(batch, cache_, logits_.data());
-    draw(active, rows);
+    guesses_.draw(logits_.data(), rows, V);
   }
 }
 

@@ -19,7 +19,7 @@
 #include "kv/block_pool.h"
 #include "kv/latent_cache.h"
 #include "models/deepseek_v3.h"
-#include "sample/sampler.h"
+#include "spec/guess_sampler.h"
 #include "spec/proposer.h"
 
 namespace moat {
@@ -45,19 +45,13 @@ class DraftModelProposer final : public Proposer {
   };
   // Blocks for `rows` rows; false (nothing allocated beyond what fits) when the pool is full.
   bool grow(State& s, int64_t rows);
-  // Samples one token per logits row for `active`, appends it (and its distribution) to the
-  // request's proposal.
-  void draw(std::span<Request* const> active, int64_t rows);
 
   DeepseekModel& model_;
   PagedLatentCache cache_;
   BlockPool pool_;
-  Sampler sampler_;
+  GuessSampler guesses_;
   std::unordered_map<uint64_t, State> states_;
-  std::vector<float> logits_, probs_, u_;
-  std::vector<int32_t> tokens_;
-  std::vector<std::vector<int32_t>> history_;  // [active] output + drafted so far (penalties)
-  std::vector<SamplingRow> rows_;
+  std::vector<float> logits_;
 };
 
 }  // namespace moat

@@ -12,7 +12,7 @@
 #include <span>
 #include <string_view>
 
-#include "sched/request.h"
+#include "sched/scheduler.h"
 
 namespace moat {
 
@@ -31,6 +31,11 @@ class Proposer {
   virtual void propose(std::span<const ProposeRequest> requests) = 0;
   // The request finished (or was aborted): drop what the proposer keeps for it.
   virtual void release(uint64_t /*request_id*/) {}
+  // Proposers that read the target's hidden states (MTP) see every target step before propose():
+  // the step the scheduler ran, after its update (num_computed_tokens says which rows were
+  // accepted), and the target's final normed hidden state of each of its rows [T, hidden].
+  virtual bool wants_target_hidden() const { return false; }
+  virtual void observe_target_step(const SchedulerOutput& /*step*/, std::span<const float> /*hidden*/) {}
 };
 
 }  // namespace moat
