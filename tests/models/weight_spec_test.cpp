@@ -352,3 +352,43 @@ TEST(Registry, CoversEveryArchitectureTheConfigLoaderAccepts) {
 
 }  // namespace
 }  // namespace moat
+
+namespace moat {
+namespace {
+
+// The MTP head's table is exactly the checkpoint's model.layers.{L}.* tensors (fp8 scales aside),
+// in the DeepSeek-V3 layout make_checkpoint.py writes; a checkpoint without one is refused by name.
+TEST(WeightSpec, MtpHeadSpecIsTheCheckpointsExtraLayer) {
+  const fs::path root = MOAT_SOURCE_DIR;
+  for (const fs::path dir : {root / "tests/golden/tiny_qlora", root / "tests/golden/tiny_fp8"}) {
+    SCOPED_TRACE(dir.string());
+    auto config = load_model_config(dir);
+    ASSERT_TRUE(config.ok()) << config.error().message;
+    ASSERT_EQ(config->num_nextn_predict_layers, 1);
+    auto spec = deepseek_v3_mtp_weight_spec(*config);
+    ASSERT_TRUE(spec.ok()) << spec.error().message;
+    auto ckpt = Checkpoint::open(dir);
+    ASSERT_TRUE(ckpt.ok());
+    auto valid = validate_checkpoint(*ckpt, *spec);
+    EXPECT_TRUE(valid.ok()) << valid.error().message;
+    std::set<std::string> names;
+    for (const TensorSpec& t : spec->tensors) EXPECT_TRUE(names.insert(t.name).second) << t.name << " twice";
+    int64_t mtp_tensors = 0;
+    for (const std::string& name : ckpt->names()) {
+      if (!is_mtp(name, config->num_hidden_layers) || name.ends_with("_scale_inv")) continue;
+      EXPECT_TRUE(names.count(name)) << name << " missing from the MTP spec";
+      ++mtp_tensors;
+    }
+    EXPECT_EQ(mtp_tensors, static_cast<int64_t>(spec->tensors.size()));
+    ASSERT_EQ(spec->layers.size(), 1u);
+    EXPECT_EQ(spec->layers[0].ffn, FfnKind::moe);
+  }
+  auto plain = load_model_config(root / "tests/golden/tiny_v2lite");
+  ASSERT_TRUE(plain.ok());
+  auto none = deepseek_v3_mtp_weight_spec(*plain);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.error().message.find("num_nextn_predict_layers"), std::string::npos) << none.error().message;
+}
+
+}  // namespace
+}  // namespace moat
