@@ -160,13 +160,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: engine_bench --model DIR [--threads N] [--concurrency 1,4,16,64]\n");
     return 2;
   }
-  set_num_threads(a.threads);
-  auto loaded = DeepseekModel::load(a.model, {.backend = ops::Backend::cpu, .max_context = a.prompt_tokens + a.output_tokens});
+  auto loaded = DeepseekModel::load(a.model, {.backend = ops::Backend::cpu, .max_context = a.prompt_tokens + a.output_tokens,
+                                              .threads = a.threads});
   if (!loaded) {
     std::fprintf(stderr, "engine_bench: %s\n", loaded.error().message.c_str());
     return 1;
   }
   DeepseekModel& model = **loaded;
+  ScopedThreadPool pool_scope(model.thread_pool());  // the roofline probes run on the model's threads
   bench::HugeBuffer<float> bw_buf((512ll << 20) / 4);
   const double bandwidth = bench::read_bandwidth_gbs(bw_buf) * 1e9;
   const double bf16_peak = bench::bf16_peak_gflops() * 1e9;

@@ -65,18 +65,19 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  set_num_threads(a.threads);
   constexpr int64_t kWarmupDecodeSteps = 4;
   const int64_t context = a.prompt_tokens + kWarmupDecodeSteps + a.decode_tokens;
   auto loaded = DeepseekModel::load(a.model, {.backend = ops::Backend::cpu, .max_context = context,
                                               .exact_activations = a.exact,
                                               .weights = a.weights_in_memory ? WeightPlacement::memory
-                                                                             : WeightPlacement::mmap});
+                                                                             : WeightPlacement::mmap,
+                                              .threads = a.threads});
   if (!loaded) {
     std::fprintf(stderr, "model_bench: %s\n", loaded.error().message.c_str());
     return 1;
   }
   DeepseekModel& model = **loaded;
+  ScopedThreadPool pool_scope(model.thread_pool());  // the roofline probes run on the model's threads
   const ModelConfig& c = model.config();
   const int64_t V = c.vocab_size;
   std::mt19937 rng(42);

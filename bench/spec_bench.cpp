@@ -111,14 +111,13 @@ int main(int argc, char** argv) {
     for (std::string item; std::getline(ss, item, ',');) v.push_back(std::stod(item));
     return v;
   };
-  set_num_threads(threads);
   const int64_t max_context = 64 + tokens + 16;
-  auto loaded = DeepseekModel::load(model_dir, {.backend = ops::Backend::cpu, .max_context = max_context});
+  auto loaded = DeepseekModel::load(model_dir, {.backend = ops::Backend::cpu, .max_context = max_context, .threads = threads});
   if (!loaded) return std::fprintf(stderr, "spec_bench: %s\n", loaded.error().message.c_str()), 1;
   DeepseekModel& model = **loaded;
   std::unique_ptr<DeepseekModel> draft;
   if (!draft_dir.empty()) {
-    auto d = DeepseekModel::load(draft_dir, {.backend = ops::Backend::cpu, .max_context = max_context});
+    auto d = DeepseekModel::load(draft_dir, {.backend = ops::Backend::cpu, .max_context = max_context, .threads = threads});
     if (!d) return std::fprintf(stderr, "spec_bench: draft: %s\n", d.error().message.c_str()), 1;
     draft = std::move(d).value();
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <memory>
 
 #if defined(__x86_64__)
@@ -15,12 +16,16 @@ namespace moat {
 
 namespace {
 thread_local bool t_inside_pool = false;
+// This thread's pool: set by ScopedThreadPool, and by a worker for its own pool.
+thread_local ThreadPool* t_current_pool = nullptr;
 // How long an idle worker spins before sleeping: longer than the gap between the kernels of one
 // decode step, far shorter than the gap between requests.
 constexpr auto kSpinBudget = std::chrono::microseconds(200);
 // Pause iterations the caller spins for chunks others are running before it yields its core: the
 // thread running one may be waiting for this very core.
 constexpr int kCallerSpins = 4000;
+// Chunk index of a claim value while the caller rewrites the job's fields: above any chunk count.
+constexpr uint64_t kClaimsClosed = 0x7fffffff;
 }  // namespace
 
 ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {
@@ -44,6 +49,9 @@ void ThreadPool::run_claimed_chunks() {
     if (chunk >= chunks) return;
     const auto* fn = job_.load(std::memory_order_relaxed);
     const int64_t n = job_n_.load(std::memory_order_relaxed);
+    // Pairs with the caller's fence after closing claims: fields of a newer job imply the CAS
+    // below sees the closed claim value (or later) and fails.
+    std::atomic_thread_fence(std::memory_order_acquire);
     // Succeeds only if the job these fields were read under is still the current one.
     if (!claim_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
     const int64_t begin = n * chunk / chunks, end = n * (chunk + 1) / chunks;
@@ -55,6 +63,9 @@ void ThreadPool::run_claimed_chunks() {
 
 void ThreadPool::worker_loop() {
   t_inside_pool = true;
+  // A kernel a worker runs asks thread_pool() for its splits; without this it would see (and
+  // create) the default pool. Nested calls run inline anyway, but num_threads() must be ours.
+  t_current_pool = this;
   uint64_t seen = 0;
   for (;;) {
     uint64_t current = generation_.load(std::memory_order_acquire);
@@ -91,11 +102,19 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     return;
   }
   std::lock_guard<std::mutex> caller_lock(caller_mutex_);
+  // Close claiming before the fields change. Otherwise a worker holding the finished job's last
+  // claim value (all chunks taken) could read this job's larger chunk count and function, and its
+  // compare-exchange would still succeed against the old value: a chunk of this job run twice,
+  // chunks_done_ counted past `chunks`, and the caller waiting forever (seen on a loaded 2-core
+  // machine in ThreadPool.LateWorkersNeverRunAChunkOfTheNextJob).
+  const uint32_t seq = ++job_seq_;
+  claim_.store((static_cast<uint64_t>(seq) << 32) | kClaimsClosed, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
   job_.store(&fn, std::memory_order_relaxed);
   job_n_.store(n, std::memory_order_relaxed);
   job_chunks_.store(chunks, std::memory_order_relaxed);
   chunks_done_.store(0, std::memory_order_relaxed);
-  claim_.store(static_cast<uint64_t>(++job_seq_) << 32, std::memory_order_release);  // publishes the job
+  claim_.store(static_cast<uint64_t>(seq) << 32, std::memory_order_release);  // publishes the job
   generation_.fetch_add(1);  // seq_cst: wakes spinning workers and pairs with sleepers_ below
   if (sleepers_.load() > 0) {
     std::lock_guard<std::mutex> lock(sleep_mutex_);
@@ -111,24 +130,43 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   }
 }
 
+int resolve_num_threads(int num_threads) {
+  return num_threads > 0 ? num_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 namespace {
-std::unique_ptr<ThreadPool>& pool_slot() {
+std::mutex g_pool_mutex;
+std::unique_ptr<ThreadPool>& default_pool_slot() {
   static std::unique_ptr<ThreadPool> pool;
   return pool;
 }
-std::mutex g_pool_mutex;
 }  // namespace
 
 ThreadPool& thread_pool() {
+  if (t_current_pool) return *t_current_pool;
   std::lock_guard<std::mutex> lock(g_pool_mutex);
-  auto& slot = pool_slot();
-  if (!slot) slot = std::make_unique<ThreadPool>(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  auto& slot = default_pool_slot();
+  if (!slot) slot = std::make_unique<ThreadPool>(resolve_num_threads(0));
   return *slot;
 }
 
 void set_num_threads(int num_threads) {
   std::lock_guard<std::mutex> lock(g_pool_mutex);
-  pool_slot() = std::make_unique<ThreadPool>(num_threads);
+  default_pool_slot() = std::make_unique<ThreadPool>(resolve_num_threads(num_threads));
+}
+
+ScopedThreadPool::ScopedThreadPool(ThreadPool& pool) : previous_(t_current_pool) { t_current_pool = &pool; }
+ScopedThreadPool::~ScopedThreadPool() { t_current_pool = previous_; }
+
+std::shared_ptr<ThreadPool> shared_thread_pool(int num_threads) {
+  static std::mutex mutex;
+  static std::map<int, std::weak_ptr<ThreadPool>> pools;  // by size; expire with their last holder
+  const int n = resolve_num_threads(num_threads);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto pool = pools[n].lock()) return pool;
+  auto pool = std::make_shared<ThreadPool>(n);
+  pools[n] = pool;
+  return pool;
 }
 
 }  // namespace moat

@@ -1,5 +1,12 @@
-// The one thread pool. Kernels split work with parallel_for; the calling thread takes part, so a
-// pool of N threads runs N-1 workers. Nested parallel_for calls run serially on the caller.
+// The thread pool kernels split work on. Kernels call thread_pool().parallel_for; the calling
+// thread takes part, so a pool of N threads runs N-1 workers. Nested parallel_for calls run
+// serially on the caller.
+//
+// Which pool: no process-wide setting. Each model owns its pool (DeepseekModel::Options::threads)
+// and installs it on the calling thread for the duration of its forward with a ScopedThreadPool,
+// so a draft and a target model in one process each run at their own thread count without
+// passing a pool through every kernel signature. Outside any scope, kernels use a default pool of
+// hardware threads.
 //
 // Decode issues a few hundred parallel_for calls per token, each only tens of microseconds long,
 // so dispatch latency matters: workers spin briefly on an atomic generation counter before
@@ -13,6 +20,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -58,8 +66,34 @@ class ThreadPool {
   uint32_t job_seq_ = 0;  // caller only, under caller_mutex_
 };
 
-// The process-wide pool. Size it once at startup (CLI --threads); defaults to hardware threads.
+// The pool installed on this thread by the innermost ScopedThreadPool; a pool's own workers see
+// their pool; anywhere else the default pool.
 ThreadPool& thread_pool();
+
+// Makes `pool` this thread's thread_pool() until destroyed, then restores the previous one.
+// Models install theirs around forward; the engine around sampling (which runs outside forward).
+class ScopedThreadPool {
+ public:
+  explicit ScopedThreadPool(ThreadPool& pool);
+  ~ScopedThreadPool();
+  ScopedThreadPool(const ScopedThreadPool&) = delete;
+  ScopedThreadPool& operator=(const ScopedThreadPool&) = delete;
+
+ private:
+  ThreadPool* previous_;
+};
+
+// A pool of num_threads (0: hardware threads), shared by everyone holding one of that size: two
+// models of one size (a draft and its target) run on one set of workers instead of two sets that
+// spin against each other for the same cores.
+std::shared_ptr<ThreadPool> shared_thread_pool(int num_threads);
+
+// Threads a pool of size `num_threads` gets: 0 means hardware threads.
+int resolve_num_threads(int num_threads);
+
+// Resizes the default pool, the one kernels use outside any ScopedThreadPool. Only for
+// benchmarks and tools that run kernels without a model (bench/kernel_bench.cpp); models never
+// read it.
 void set_num_threads(int num_threads);
 
 }  // namespace moat

@@ -32,4 +32,10 @@ struct WeightMatrix {
   WeightMatrix rows(int64_t row_begin, int64_t num_rows) const;
 };
 
+// One expert or a dense MLP: down(silu(gate(x)) * up(x)). The moe_experts op takes an array of them.
+struct MlpWeights {
+  WeightMatrix gate_proj, up_proj;  // [inter, hidden]
+  WeightMatrix down_proj;           // [hidden, inter]
+};
+
 }  // namespace moat

@@ -120,7 +120,7 @@ int run_generate(const GenerateArgs& a) {
              "{} threads, {} backend, {} KV cache, peak RSS {:.1f} MiB\n",
              last.prompt_tokens, prefill_s > 0 ? last.prompt_tokens / prefill_s : 0.0, prefill_s, generated,
              finish_reason_name(last.finish_reason), generated > 1 && decode_s > 0 ? (generated - 1) / decode_s : 0.0,
-             thread_pool().num_threads(), ops::backend_name((*model)->ops().backend()),
+             (*model)->thread_pool().num_threads(), ops::backend_name((*model)->ops().backend()),
              dtype_name((*model)->cache_shape().dtype), usage.ru_maxrss / 1024.0);
   if (!a.engine.speculative.empty())
     fmt::print(stderr, "speculative {}: {} guessed, {} accepted ({:.1f}%), {:.2f} tokens per verification step\n",

@@ -2,7 +2,6 @@
 
 #include <filesystem>
 
-#include "base/thread_pool.h"
 #include "cli/command.h"
 
 namespace moat::cli {
@@ -36,14 +35,14 @@ Result<std::unique_ptr<DeepseekModel>> ModelOptions::load(int64_t max_context) c
 }
 
 Result<std::unique_ptr<DeepseekModel>> ModelOptions::load(const std::string& model_dir, int64_t max_context) const {
-  if (threads > 0) set_num_threads(threads);
   MOAT_ASSIGN_OR_RETURN(ops::Backend parsed, ops::parse_backend(backend));
   MOAT_ASSIGN_OR_RETURN(DType kv, parse_kv_dtype(kv_dtype));
   return DeepseekModel::load(model_dir, {.backend = parsed,
                                      .max_context = max_context,
                                      .exact_activations = exact,
                                      .weights = no_mmap ? WeightPlacement::memory : WeightPlacement::mmap,
-                                     .kv_dtype = kv});
+                                     .kv_dtype = kv,
+                                     .threads = threads});
 }
 
 void EngineOptions::add_to(CLI::App& sub) {

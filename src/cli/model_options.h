@@ -24,7 +24,7 @@ struct ModelOptions {
   // The model directory, or an error saying it does not exist or is not a directory.
   Status check_dir() const;
   void add_to(CLI::App& sub);
-  // Sizes the thread pool, then loads. Errors name the flag or the file at fault.
+  // Loads the model (with its own pool of --threads). Errors name the flag or the file at fault.
   Result<std::unique_ptr<DeepseekModel>> load(int64_t max_context) const;
   // Another checkpoint with the same settings (a speculative draft).
   Result<std::unique_ptr<DeepseekModel>> load(const std::string& dir, int64_t max_context) const;

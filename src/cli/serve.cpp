@@ -154,7 +154,7 @@ int run_serve(const ServeArgs& a) {
   MOAT_LOG(info, "moat serve: ready: model `{}` ({}), context {} tokens, KV cache {} blocks of {} tokens, {} threads, "
            "max {} running + {} waiting requests{}",
            so.served_model_name, dir, served.info.max_model_len, snap.kv_blocks_total, snap.block_size,
-           thread_pool().num_threads(), a.engine.max_num_seqs, a.max_queue, api_key.empty() ? "" : ", API key required");
+           (*model)->thread_pool().num_threads(), a.engine.max_num_seqs, a.max_queue, api_key.empty() ? "" : ", API key required");
 
   {
     std::unique_lock lock(mu);

@@ -263,6 +263,7 @@ void Engine::propose_next() {
 }
 
 std::vector<RequestOutput> Engine::step() {
+  ScopedThreadPool pool_scope(model_.thread_pool());  // sampling kernels run on the model's pool too
   std::vector<RequestOutput> outputs = std::move(pending_finished_);
   pending_finished_.clear();
   const SchedulerOutput scheduled = scheduler_->schedule();

@@ -5,7 +5,6 @@
 #include <cstring>
 
 #include "base/log.h"
-#include "base/thread_pool.h"
 #include "loader/weight_map.h"
 #include "models/op_needs.h"
 #include "models/registry.h"
@@ -25,6 +24,8 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::filesystem
   MOAT_ASSIGN_OR_RETURN(model->ops_, ops::OpTable::resolve(options.backend, needs));
   if (options.max_context <= 0) return make_error("max context must be > 0, got {}", options.max_context);
   model->ops_.set_exact_activations(options.exact_activations);
+  if (options.threads < 0) return make_error("threads must be >= 0 (0: hardware threads), got {}", options.threads);
+  model->pool_ = shared_thread_pool(options.threads);
   model->rope_ = build_rope_table(model->config_, options.max_context);
   model->softmax_scale_ = static_cast<float>(model->config_.softmax_scale());
   MOAT_TRY(model->load_weights());
@@ -209,22 +210,12 @@ void DeepseekModel::reserve(int64_t T) {
   grow(q_full_, T * heads * D);
   grow(attn_latent_, T * heads * c.kv_lora_rank);
   grow(attn_v_, T * heads * c.v_head_dim);
-  grow(head_in_, heads * T * std::max(c.kv_lora_rank, c.qk_nope_head_dim));
-  grow(head_out_, heads * T * std::max(c.kv_lora_rank, c.v_head_dim));
   grow(mlp_gate_, T * inter);
   grow(mlp_up_, T * inter);
-  const int64_t routed_rows = T * std::max<int64_t>(1, c.num_experts_per_tok);
-  grow(expert_in_, routed_rows * H);
-  grow(expert_out_, routed_rows * H);
-  grow(expert_gate_, routed_rows * c.moe_intermediate_size);
-  grow(expert_up_, routed_rows * c.moe_intermediate_size);
-  routed_token_.resize(static_cast<size_t>(routed_rows));
-  routed_weight_.resize(static_cast<size_t>(routed_rows));
   grow(router_logits_, T * std::max<int64_t>(1, c.n_routed_experts));
   grow(logits_in_, T * H);
   topk_ids_.resize(static_cast<size_t>(T * std::max<int64_t>(1, c.num_experts_per_tok)));
   topk_weights_.resize(topk_ids_.size());
-  grow(latent_rows_, T * D);
   kv_lens_.resize(static_cast<size_t>(T));
   reserved_tokens_ = T;
 }
@@ -250,6 +241,9 @@ void DeepseekModel::forward(const ForwardBatch& batch, PagedLatentCache& cache, 
     MOAT_CHECK(batch.slot_mapping[t] >= 0 && batch.slot_mapping[t] < slots, "slot {} outside the cache's {}",
                batch.slot_mapping[t], slots);
   }
+  // Every kernel of this step splits over this model's pool, whatever another model in the
+  // process uses.
+  ScopedThreadPool pool_scope(*pool_);
   reserve(T);
   const int64_t H = c.hidden_size;
   float* x = x_.data();  // residual stream [T, hidden]
@@ -307,53 +301,28 @@ void DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, co
   ops_.matmul(x, T, A.kv_a_proj_with_mqa, kv);
   ops_.rope({kv + kv_lora, T, 1, D, D, rope, batch.positions.data(), rope_.cos.data(), rope_.sin.data()});
   ops_.rope({q + nope, T, heads, heads * qk, qk, rope, batch.positions.data(), rope_.cos.data(), rope_.sin.data()});
-  // latent rows [T, D]: normed latent, then the roped k_pe, written into the cache by slot
-  float* rows = latent_rows_.data();
+  // kv becomes the cache rows [T, D] in place: normed latent, then the roped k_pe.
   for (int64_t t = 0; t < T; ++t) {
-    ops_.rms_norm(kv + t * D, A.kv_a_layernorm.data(), 1, kv_lora, eps, rows + t * D);
-    std::memcpy(rows + t * D + kv_lora, kv + t * D + kv_lora, sizeof(float) * rope);
+    ops_.rms_norm(kv + t * D, A.kv_a_layernorm.data(), 1, kv_lora, eps, kv + t * D);
     kv_lens_[t] = batch.positions[t] + 1;
   }
   const ops::LatentPages pages = cache.layer(layer_index);
-  ops_.store_latent({rows, T, D, batch.slot_mapping.data(), pages});
+  ops_.store_latent({kv, T, D, batch.slot_mapping.data(), pages});
 
-  // Absorb W_UK: q_full[t, h] = [q_nope[t, h] . W_UK_h (kv_lora) | q_pe[t, h] (rope)].
-  // Heads run in parallel (each head's small matmul then runs on one thread), which costs one
-  // pool dispatch per layer instead of one per head: that overhead matters at decode.
+  // Absorb W_UK: q_full[t, h] = [q_nope[t, h] . W_UK_h^T (kv_lora) | q_pe[t, h] (rope)]  [T, heads, D]
   float* q_full = q_full_.data();
-  float* head_in = head_in_.data();    // [heads, T, max(nope, kv_lora)]
-  float* head_out = head_out_.data();  // [heads, T, max(kv_lora, v)]
-  const int64_t in_stride = T * std::max(kv_lora, nope), out_stride = T * std::max(kv_lora, vdim);
-  thread_pool().parallel_for(heads, [&](int64_t h0, int64_t h1) {
-    for (int64_t hd = h0; hd < h1; ++hd) {
-      float* in = head_in + hd * in_stride;
-      float* res = head_out + hd * out_stride;
-      for (int64_t t = 0; t < T; ++t) std::memcpy(in + t * nope, q + (t * heads + hd) * qk, sizeof(float) * nope);
-      ops_.matmul(in, T, A.w_uk_t[hd], res);  // [T, kv_lora]
-      for (int64_t t = 0; t < T; ++t) {
-        float* dst = q_full + (t * heads + hd) * D;
-        std::memcpy(dst, res + t * kv_lora, sizeof(float) * kv_lora);
-        std::memcpy(dst + kv_lora, q + (t * heads + hd) * qk + nope, sizeof(float) * rope);
-      }
-    }
-  });
+  ops_.head_matmul({.x = q, .x_token_stride = heads * qk, .x_head_stride = qk, .num_tokens = T, .num_heads = heads,
+                    .weights = A.w_uk_t.data(), .y = q_full, .y_token_stride = heads * D, .y_head_stride = D,
+                    .pass = rope});
 
   ops::MlaAttentionArgs args{q_full, T, heads, kv_lora, rope, pages, batch.block_tables.data(), batch.max_blocks,
                              batch.token_seq.data(), kv_lens_.data(), softmax_scale_, attn_latent_.data()};
   ops_.mla_attention(args);  // [T, heads, kv_lora]
 
-  // Expand through W_UV per head: attn_v[t, h] = latent[t, h] . W_UV_h^T (v values)
-  thread_pool().parallel_for(heads, [&](int64_t h0, int64_t h1) {
-    for (int64_t hd = h0; hd < h1; ++hd) {
-      float* in = head_in + hd * in_stride;
-      float* res = head_out + hd * out_stride;
-      for (int64_t t = 0; t < T; ++t)
-        std::memcpy(in + t * kv_lora, attn_latent_.data() + (t * heads + hd) * kv_lora, sizeof(float) * kv_lora);
-      ops_.matmul(in, T, A.w_uv[hd], res);  // [T, v]
-      for (int64_t t = 0; t < T; ++t)
-        std::memcpy(attn_v_.data() + (t * heads + hd) * vdim, res + t * vdim, sizeof(float) * vdim);
-    }
-  });
+  // Expand through W_UV: attn_v[t, h] = latent[t, h] . W_UV_h^T  [T, heads, v]
+  ops_.head_matmul({.x = attn_latent_.data(), .x_token_stride = heads * kv_lora, .x_head_stride = kv_lora,
+                    .num_tokens = T, .num_heads = heads, .weights = A.w_uv.data(), .y = attn_v_.data(),
+                    .y_token_stride = heads * vdim, .y_head_stride = vdim});
   ops_.matmul(attn_v_.data(), T, A.o_proj, out);  // [T, hidden]
 }
 
@@ -368,7 +337,6 @@ void DeepseekModel::mlp(const MlpWeights& w, const float* x, int64_t T, float* o
 void DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t T, float* out) {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
-  const int64_t inter = c.moe_intermediate_size;
   ops_.matmul(x, T, w.gate, router_logits_.data());  // [T, E] router logits in fp32
   ops::MoeRouteArgs route{router_logits_.data(),
                           w.score_bias.empty() ? nullptr : w.score_bias.data(),
@@ -388,40 +356,10 @@ void DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t T, float* o
     std::fill(out, out + T * H, 0.0f);
   }
 
-  // Group the T*K routed rows by expert (counting sort), so each expert's weights stream from
-  // memory once per step: rows [expert_begin[e], expert_begin[e+1]) of the scratch belong to e.
-  expert_begin_.assign(static_cast<size_t>(E + 1), 0);
-  for (int64_t i = 0; i < T * K; ++i) ++expert_begin_[topk_ids_[i] + 1];
-  for (int64_t e = 0; e < E; ++e) expert_begin_[e + 1] += expert_begin_[e];
-  std::vector<int64_t>& fill = expert_fill_;
-  fill.assign(expert_begin_.begin(), expert_begin_.end() - 1);
-  for (int64_t i = 0; i < T * K; ++i) {
-    const int64_t row = fill[topk_ids_[i]]++;
-    routed_token_[row] = static_cast<int32_t>(i / K);
-    routed_weight_[row] = topk_weights_[i];
-    std::memcpy(expert_in_.data() + row * H, x + (i / K) * H, sizeof(float) * H);
-  }
-  active_experts_.clear();
-  for (int64_t e = 0; e < E; ++e)
-    if (expert_begin_[e + 1] > expert_begin_[e]) active_experts_.push_back(static_cast<int32_t>(e));
-
-  auto run_expert = [&](int32_t e) {
-    const int64_t row0 = expert_begin_[e], rows = expert_begin_[e + 1] - row0;
-    mlp(w.experts[e], expert_in_.data() + row0 * H, rows, expert_out_.data() + row0 * H,
-        expert_gate_.data() + row0 * inter, expert_up_.data() + row0 * inter);
-  };
-  // Few rows per expert (decode): one pool dispatch for the whole layer, experts side by side.
-  // Many rows (prefill): experts in turn, each matmul split across the pool.
-  const int64_t pool = thread_pool().num_threads();
-  if (pool > 1 && T * K <= 8 * pool && static_cast<int64_t>(active_experts_.size()) >= pool) {
-    thread_pool().parallel_for(static_cast<int64_t>(active_experts_.size()), [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) run_expert(active_experts_[i]);
-    });
-  } else {
-    for (int32_t e : active_experts_) run_expert(e);
-  }
-  for (int64_t row = 0; row < T * K; ++row)
-    ops_.add_scaled(out + routed_token_[row] * H, expert_out_.data() + row * H, routed_weight_[row], H);
+  // Routed experts, weighted, added onto the shared experts' output.
+  ops_.moe_experts({.x = x, .num_tokens = T, .hidden = H, .top_k = K, .topk_ids = topk_ids_.data(),
+                    .topk_weights = topk_weights_.data(), .experts = w.experts.data(), .num_experts = E,
+                    .intermediate = c.moe_intermediate_size, .out = out});
 }
 
 double DeepseekModel::weight_bytes_per_step(int64_t tokens) const {

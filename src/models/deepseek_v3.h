@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/tensor.h"
+#include "base/thread_pool.h"
 #include "base/weight.h"
 #include "config/model_config.h"
 #include "kv/latent_cache.h"
@@ -43,11 +44,6 @@ struct MlaWeights {
   std::vector<WeightMatrix> w_uv;        // [heads] [v, kv_lora]: row slices of kv_b_proj, or views of the above
 };
 
-struct MlpWeights {  // one expert or a dense MLP
-  WeightMatrix gate_proj, up_proj;  // [inter, hidden]
-  WeightMatrix down_proj;           // [hidden, inter]
-};
-
 struct MoeWeights {
   WeightMatrix gate;                     // router [n_routed, hidden]
   std::vector<float> score_bias;         // e_score_correction_bias [n_routed] (noaux_tc)
@@ -70,12 +66,18 @@ class DeepseekModel {
     bool exact_activations = false;  // fp32-accurate activations in every matmul (OpTable::set_exact_activations: per model)
     WeightPlacement weights = WeightPlacement::mmap;  // see loader/safetensors.h
     DType kv_dtype = DType::BF16;  // the paged latent cache's element type (the op table is resolved for it)
+    // Threads this model's kernels split over (0: hardware threads). Per model: a draft and a
+    // target model in one process each keep theirs (models of one size share one pool).
+    int threads = 0;
   };
 
   static Result<std::unique_ptr<DeepseekModel>> load(const std::filesystem::path& dir, const Options& options);
 
   const ModelConfig& config() const { return config_; }
   const ops::OpTable& ops() const { return ops_; }
+  // The pool forward runs on. Code that runs this model's ops outside forward (the engine's
+  // sampling) installs it too: ScopedThreadPool scope(model.thread_pool()).
+  ThreadPool& thread_pool() const { return *pool_; }
   int64_t max_context() const { return options_.max_context; }
   // Weights one decode token streams (active experts only, plus the embedding row), for
   // rooflines: bytes read from memory and parameters multiplied (2 FLOPs each).
@@ -137,6 +139,7 @@ class DeepseekModel {
   std::vector<const WeightMatrix*> bound_;
   std::unique_ptr<Checkpoint> checkpoint_;
   ops::OpTable ops_;
+  std::shared_ptr<ThreadPool> pool_;
   RopeTable rope_;
   float softmax_scale_ = 1.0f;
   WeightMatrix embed_tokens_, lm_head_;
@@ -145,17 +148,11 @@ class DeepseekModel {
 
   // Workspace, grown by reserve(T) and reused across steps.
   int64_t reserved_tokens_ = 0;
-  Buffer x_, h_, tmp_, q_, q_lora_, kv_, q_full_, attn_latent_, attn_v_, head_in_, head_out_;
+  Buffer x_, h_, tmp_, q_, q_lora_, kv_, q_full_, attn_latent_, attn_v_;
   Buffer mlp_gate_, mlp_up_, router_logits_;
-  // MoE: the T*K routed rows grouped by expert, [T*K, hidden] / [T*K, moe_intermediate]
-  Buffer expert_in_, expert_out_, expert_gate_, expert_up_;
-  std::vector<int64_t> expert_begin_, expert_fill_;  // [E + 1], [E]
-  std::vector<int32_t> routed_token_, active_experts_;
-  std::vector<float> routed_weight_;
   Buffer logits_in_;
-  std::vector<int32_t> topk_ids_;
-  std::vector<float> topk_weights_;
-  Buffer latent_rows_;             // [T, D] normed latent + roped k_pe, before store_latent
+  std::vector<int32_t> topk_ids_;   // [T, top_k]
+  std::vector<float> topk_weights_;  // [T, top_k]
   std::vector<int32_t> kv_lens_;  // [T] rows each token attends to (its position + 1)
 };
 

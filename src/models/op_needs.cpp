@@ -22,6 +22,7 @@ Result<ops::ModelOpNeeds> model_op_needs(const ModelConfig& config, int64_t tp, 
   needs.kv_dtype = kv_dtype;
   needs.num_experts = config.n_routed_experts;
   needs.top_k = config.num_experts_per_tok;
+  needs.expert_dtype = config.quantization ? DType::F8_E4M3 : dense;
   return needs;
 }
 

@@ -39,9 +39,15 @@ std::vector<ResolvedOp> OpTable::plan(Backend backend, const ModelOpNeeds& needs
                                        needs.attention_head_dim, dtype_name(needs.kv_dtype)),
       OpShape{.heads_per_rank = needs.heads_per_rank, .head_dim = needs.attention_head_dim,
               .kv_dtype = needs.kv_dtype});
-  if (needs.num_experts > 0)
+  for (DType d : needs.matmul_dtypes)
+    add(OpId::head_matmul, fmt::format("head_matmul[{}]", dtype_name(d)), OpShape{.weight_dtype = d});
+  if (needs.num_experts > 0) {
     add(OpId::moe_route, fmt::format("moe_route[E={}, k={}]", needs.num_experts, needs.top_k),
         OpShape{.num_experts = needs.num_experts, .top_k = needs.top_k});
+    add(OpId::moe_experts,
+        fmt::format("moe_experts[{}, E={}, k={}]", dtype_name(needs.expert_dtype), needs.num_experts, needs.top_k),
+        OpShape{.weight_dtype = needs.expert_dtype, .num_experts = needs.num_experts, .top_k = needs.top_k});
+  }
   for (OpId op : {OpId::softmax, OpId::top_k_renorm_prob, OpId::top_p_renorm_prob,
                   OpId::min_p_renorm_prob, OpId::sample_from_probs, OpId::argmax})
     add(op, std::string(op_name(op)), {});
@@ -73,6 +79,10 @@ Result<OpTable> OpTable::resolve(Backend backend, const ModelOpNeeds& needs) {
         if (r.resolution.kind == Resolution::Kind::pad_heads) table.mla_pad_to_ = r.resolution.pad_to;
         break;
       case OpId::moe_route: table.moe_route_ = reinterpret_cast<MoeRouteFn>(fn); break;
+      case OpId::moe_experts: table.moe_experts_ = reinterpret_cast<MoeExpertsFn>(fn); break;
+      case OpId::head_matmul:
+        table.head_matmul_[static_cast<int>(r.shape.weight_dtype)] = reinterpret_cast<HeadMatmulFn>(fn);
+        break;
       case OpId::softmax: table.softmax_ = reinterpret_cast<SoftmaxFn>(fn); break;
       case OpId::top_k_renorm_prob: table.top_k_ = reinterpret_cast<TopKRenormFn>(fn); break;
       case OpId::top_p_renorm_prob: table.top_p_ = reinterpret_cast<TopPRenormFn>(fn); break;

@@ -21,6 +21,7 @@ struct ModelOpNeeds {
   DType kv_dtype = DType::BF16;      // the paged latent cache's element type (--kv-dtype)
   int64_t num_experts = 0;           // 0 for dense models
   int64_t top_k = 0;
+  DType expert_dtype = DType::BF16;  // the routed experts' weights (moe_experts)
 };
 
 struct ResolvedOp {
@@ -66,6 +67,19 @@ class OpTable {
   // Zero-pads heads to the kernel's supported count when the resolution says PadHeads.
   void mla_attention(const MlaAttentionArgs& args) const;
   void moe_route(const MoeRouteArgs& args) const { moe_route_(args); }
+  void moe_experts(const MoeExpertsArgs& args) const {
+    MOAT_CHECK(moe_experts_ != nullptr, "moe_experts was not resolved at load time");
+    moe_experts_(args, inner_ops());
+  }
+  // Resolved per weight dtype, like matmul (heads' weights are the absorbed copies' dtype).
+  void head_matmul(const HeadMatmulArgs& args) const {
+    const DType d = args.num_heads > 0 ? args.weights[0].dtype : DType::F32;
+    HeadMatmulFn fn = head_matmul_[static_cast<int>(d)];
+    MOAT_CHECK(fn != nullptr, "head_matmul for {} was not resolved at load time", dtype_name(d));
+    fn(args, inner_ops());
+  }
+  // What composite ops run inside (kernel_types.h InnerOps): this table's own kernels.
+  InnerOps inner_ops() const { return {matmul_.data(), precision_, silu_mul_, add_scaled_}; }
   void softmax(const float* x, int64_t T, int64_t n, float temperature, float* probs) const {
     softmax_(x, T, n, temperature, probs);
   }
@@ -91,6 +105,8 @@ class OpTable {
   MlaAttentionFn mla_attention_ = nullptr;
   int64_t mla_pad_to_ = 0;  // 0: no padding
   MoeRouteFn moe_route_ = nullptr;
+  MoeExpertsFn moe_experts_ = nullptr;
+  std::array<HeadMatmulFn, 16> head_matmul_{};
   SoftmaxFn softmax_ = nullptr;
   TopKRenormFn top_k_ = nullptr;
   TopPRenormFn top_p_ = nullptr;

@@ -109,6 +109,48 @@ struct MoeRouteArgs {
 };
 using MoeRouteFn = void (*)(const MoeRouteArgs& args);
 
+// The kernels of its own backend a composite op (moe_experts, head_matmul) runs inside: the op
+// table's resolved matmul per weight dtype (with the table's precision), silu_mul and add_scaled.
+// So a composite op multiplies exactly as every other linear layer of the model does, and a
+// faster matmul speeds it up too. Reference kernels ignore it (they compute in double).
+struct InnerOps {
+  const MatmulFn* matmul_by_dtype = nullptr;  // indexed by DType; nullptr where not resolved
+  MatmulPrecision precision;
+  SiluMulFn silu_mul = nullptr;
+  AddScaledFn add_scaled = nullptr;
+};
+
+// The routed experts of one MoE layer, after moe_route:
+//   out[t] += sum_k topk_weights[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e = topk_ids[t, k]
+// Adds into out (the shared experts' output is already there), k in order for every token.
+// Kernels group the T * top_k rows by expert, so each expert's weights stream once per call.
+struct MoeExpertsArgs {
+  const float* x;               // [T, hidden]
+  int64_t num_tokens, hidden, top_k;
+  const int32_t* topk_ids;      // [T, top_k], in [0, num_experts)
+  const float* topk_weights;    // [T, top_k]
+  const MlpWeights* experts;    // [num_experts] host array; gate/up [inter, hidden], down [hidden, inter]
+  int64_t num_experts, intermediate;
+  float* out;                   // [T, hidden]
+};
+using MoeExpertsFn = void (*)(const MoeExpertsArgs& args, const InnerOps& inner);
+
+// One small matmul per head, all heads in one call (absorbed MLA: q_nope through W_UK, the
+// attention output through W_UV). For token t and head h, with x_th = x + t * x_token_stride +
+// h * x_head_stride and y_th likewise:
+//   y_th[0, out) = x_th[0, in) . weights[h]^T        (weights[h]: [out, in], every head alike)
+//   y_th[out, out + pass) = x_th[in, in + pass)      (MLA: the roped q_pe rides along)
+struct HeadMatmulArgs {
+  const float* x;
+  int64_t x_token_stride, x_head_stride;
+  int64_t num_tokens, num_heads;
+  const WeightMatrix* weights;  // [num_heads] host array (data in the backend's memory)
+  float* y;
+  int64_t y_token_stride, y_head_stride;
+  int64_t pass = 0;
+};
+using HeadMatmulFn = void (*)(const HeadMatmulArgs& args, const InnerOps& inner);
+
 // probs[T, n] = softmax(x / temperature) per row (temperature > 0)
 using SoftmaxFn = void (*)(const float* x, int64_t T, int64_t n, float temperature, float* probs);
 

@@ -19,6 +19,8 @@ namespace moat::ops {
   X(store_latent, "write latent rows [T, D] into the paged cache by slot (bf16 / fp8 + row scale)") \
   X(mla_attention, "absorbed MLA over the paged cache: out[T, heads, kv_lora] = softmax(q.latent^T * scale) . latent") \
   X(moe_route, "router scores -> top-k experts and weights (noaux_tc groups / greedy)")         \
+  X(moe_experts, "out[T, hidden] += sum_k w[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e = ids[t, k]") \
+  X(head_matmul, "per head h: y[t, h, :out] = x[t, h, :in] . W_h^T (strided), x[t, h, in:in+pass] copied after") \
   X(softmax, "rows of x[T, n] -> probabilities, with temperature")                               \
   X(top_k_renorm_prob, "keep p >= k-th largest (ties kept), renormalize")                       \
   X(top_p_renorm_prob, "keep the smallest top set reaching p (ties kept), renormalize")        \

@@ -104,7 +104,8 @@ std::string Resolution::describe() const {
   return "?";
 }
 
-void register_cpu_sampling_kernels(Registry& registry);  // kernels/cpu/sampling_kernels.cpp
+void register_cpu_sampling_kernels(Registry& registry);   // kernels/cpu/sampling_kernels.cpp
+void register_cpu_composite_kernels(Registry& registry);  // kernels/cpu/composite_kernels.cpp
 
 const Registry& Registry::global() {
   static const Registry registry = [] {
@@ -112,6 +113,7 @@ const Registry& Registry::global() {
     register_reference_kernels(r);
     register_cpu_kernels(r);
     register_cpu_sampling_kernels(r);
+    register_cpu_composite_kernels(r);
 #ifdef MOAT_HAVE_CUDA
     register_cuda_kernels(r);
 #endif

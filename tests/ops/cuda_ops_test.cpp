@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <memory>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -292,6 +294,99 @@ TEST_F(CudaOps, MoeRoute) {
     EXPECT_EQ(di.host(), ref_ids);
     EXPECT_LE(normalized_error(dw.host(), ref_w), kExact);
   }
+}
+
+// A bf16 weight on the host and its device copy (composite ops' weights).
+struct DevWeight {
+  std::vector<uint16_t> host_bits;
+  WeightMatrix host, dev;
+  std::unique_ptr<Dev<uint16_t>> bytes;
+  DevWeight(int64_t N, int64_t K, std::mt19937& rng) {
+    const auto vals = randn(N * K, rng, 0.3f);
+    for (float v : vals) host_bits.push_back(f32_to_bf16(v));
+    host = WeightMatrix{.dtype = DType::BF16, .data = host_bits.data(), .out_features = N, .in_features = K};
+    bytes = std::make_unique<Dev<uint16_t>>(host_bits);
+    dev = host;
+    dev.data = bytes->p;
+  }
+};
+
+// The cuda op table's kernels, as the composite ops run them inside.
+InnerOps cuda_inner(std::array<MatmulFn, 16>& by_dtype) {
+  by_dtype.fill(cuda_fn<MatmulFn>(OpId::matmul));
+  return InnerOps{by_dtype.data(), MatmulPrecision::exact(), cuda_fn<SiluMulFn>(OpId::silu_mul),
+                  cuda_fn<AddScaledFn>(OpId::add_scaled)};
+}
+
+TEST_F(CudaOps, MoeExperts) {
+  std::mt19937 rng(7);
+  const int64_t H = 40, I = 24, E = 8, K = 3;
+  std::vector<std::unique_ptr<DevWeight>> owned;
+  std::vector<MlpWeights> host_experts(E), dev_experts(E);
+  for (int64_t e = 0; e < E; ++e) {
+    for (int m = 0; m < 3; ++m) owned.push_back(std::make_unique<DevWeight>(m == 2 ? H : I, m == 2 ? I : H, rng));
+    const auto& g = *owned[3 * e];
+    const auto& u = *owned[3 * e + 1];
+    const auto& d = *owned[3 * e + 2];
+    host_experts[e] = {g.host, u.host, d.host};
+    dev_experts[e] = {g.dev, u.dev, d.dev};
+  }
+  std::array<MatmulFn, 16> by_dtype;
+  const InnerOps inner = cuda_inner(by_dtype);
+  for (int64_t T : {1, 3, 17}) {
+    const auto x = randn(T * H, rng), base = randn(T * H, rng);
+    std::vector<int32_t> ids(T * K);
+    std::vector<float> w(T * K);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t k = 0; k < K; ++k) {
+        ids[t * K + k] = static_cast<int32_t>((t * 5 + k * 2) % 6);  // distinct per token; experts 6, 7 idle
+        w[t * K + k] = 0.1f + 0.3f * static_cast<float>(k);
+      }
+    std::vector<float> want = base;
+    MoeExpertsArgs a{x.data(), T, H, K, ids.data(), w.data(), host_experts.data(), E, I, want.data()};
+    ref_fn<MoeExpertsFn>(OpId::moe_experts)(a, inner);
+    Dev<float> dx(x), dw(w), dout(base);
+    Dev<int32_t> dids(ids);
+    a.x = dx.p;
+    a.topk_ids = dids.p;
+    a.topk_weights = dw.p;
+    a.experts = dev_experts.data();
+    a.out = dout.p;
+    cuda_fn<MoeExpertsFn>(OpId::moe_experts)(a, inner);
+    EXPECT_LE(normalized_error(dout.host(), want), kBf16) << "T=" << T;
+  }
+}
+
+TEST_F(CudaOps, HeadMatmulStridedWithPassThrough) {
+  std::mt19937 rng(8);
+  const int64_t in = 40, out = 24, pass = 8;
+  std::array<MatmulFn, 16> by_dtype;
+  const InnerOps inner = cuda_inner(by_dtype);
+  for (int64_t heads : {1, 16})
+    for (int64_t T : {1, 17}) {
+      std::vector<std::unique_ptr<DevWeight>> owned;
+      std::vector<WeightMatrix> host_w, dev_w;
+      for (int64_t h = 0; h < heads; ++h) {
+        owned.push_back(std::make_unique<DevWeight>(out, in, rng));
+        host_w.push_back(owned.back()->host);
+        dev_w.push_back(owned.back()->dev);
+      }
+      const int64_t xh = in + pass + 3, xt = heads * xh + 5, yh = out + pass + 2, yt = heads * yh + 7;
+      const auto x = randn(T * xt, rng);
+      std::vector<float> want(T * yt, 7.0f);
+      HeadMatmulArgs a{x.data(), xt, xh, T, heads, host_w.data(), want.data(), yt, yh, pass};
+      ref_fn<HeadMatmulFn>(OpId::head_matmul)(a, inner);
+      Dev<float> dx(x), dy(std::vector<float>(T * yt, 7.0f));
+      a.x = dx.p;
+      a.weights = dev_w.data();
+      a.y = dy.p;
+      cuda_fn<HeadMatmulFn>(OpId::head_matmul)(a, inner);
+      const auto got = dy.host();
+      EXPECT_LE(normalized_error(got, want), kBf16) << "heads=" << heads << " T=" << T;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t i = out; i < yh; ++i) EXPECT_EQ(got[t * yt + h * yh + i], want[t * yt + h * yh + i]);
+    }
 }
 
 TEST_F(CudaOps, SamplingWithTies) {

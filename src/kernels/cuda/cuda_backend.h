@@ -4,8 +4,10 @@
 // Device-pointer semantics: every pointer a cuda kernel receives is a device pointer. That
 // includes WeightMatrix::data and ::scale_inv, the per-row parameter arrays of the sampling ops
 // (top_k, top_p, min_p, u), RopeArgs' positions and cos/sin tables, MoeRouteArgs' bias and
-// outputs, the paged cache (LatentPages::rows and ::row_scale), MlaAttentionArgs' block_tables,
-// token_seq and kv_len, and StoreLatentArgs' rows and slot_mapping.
+// outputs, MoeExpertsArgs' x, topk_ids, topk_weights and out (its experts array of weight views
+// is on the host), HeadMatmulArgs' x and y (its weights array likewise), the paged cache
+// (LatentPages::rows and ::row_scale), MlaAttentionArgs' block_tables, token_seq and kv_len, and
+// StoreLatentArgs' rows and slot_mapping.
 // Kernels are launched on the default stream and return before they finish; synchronize()
 // before reading results on the host. The cuBLAS handle and the scratch buffers (activations
 // rounded to bf16, dequantized fp8/f16 weights) are process-wide: one engine thread drives the
@@ -40,6 +42,11 @@ void add_scaled(float* y, const float* x, float alpha, int64_t n);
 void store_latent(const StoreLatentArgs& args);
 void mla_attention(const MlaAttentionArgs& args);
 void moe_route(const MoeRouteArgs& args);
+// Composite ops: they run the InnerOps they are given (the cuda op table's matmul, silu_mul).
+// moe_experts reads topk_ids back to the host to group rows by expert (one synchronization per
+// MoE layer); head_matmul gathers each head's strided rows with 2D copies around cuBLAS.
+void moe_experts(const MoeExpertsArgs& args, const InnerOps& inner);
+void head_matmul(const HeadMatmulArgs& args, const InnerOps& inner);
 void softmax(const float* x, int64_t T, int64_t n, float temperature, float* probs);
 void top_k_renorm_prob(float* probs, int64_t T, int64_t n, const int32_t* top_k);
 void top_p_renorm_prob(float* probs, int64_t T, int64_t n, const float* top_p);

@@ -28,6 +28,9 @@ void register_cuda_kernels(Registry& r) {
        .kv_dtypes = kv_dtypes});
   add(OpId::moe_route, "cuda.moe_route", fn(&cuda::moe_route),
       {.max_experts = cuda::kMaxExperts, .max_top_k = cuda::kMaxTopK});
+  const std::vector<DType> linear = {DType::BF16, DType::F16, DType::F32, DType::F8_E4M3};
+  add(OpId::moe_experts, "cuda.moe_experts_grouped", fn(&cuda::moe_experts), {.weight_dtypes = linear});
+  add(OpId::head_matmul, "cuda.head_matmul", fn(&cuda::head_matmul), {.weight_dtypes = linear});
   add(OpId::softmax, "cuda.softmax", fn(&cuda::softmax));
   add(OpId::top_k_renorm_prob, "cuda.top_k_renorm_prob", fn(&cuda::top_k_renorm_prob));
   add(OpId::top_p_renorm_prob, "cuda.top_p_renorm_prob", fn(&cuda::top_p_renorm_prob));

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "kernels/cuda/cuda_backend.h"
 
@@ -542,6 +543,34 @@ __global__ void argmax_kernel(const float* x, int64_t n, int32_t* out) {
   if (threadIdx.x == 0) out[blockIdx.x] = static_cast<int32_t>(si[0] < n ? si[0] : 0);
 }
 
+// ---- moe_experts -------------------------------------------------------------------------------
+// grouped[row_of[i]] = x[i / K]: one block per routed row.
+__global__ void moe_gather_kernel(const float* x, const int32_t* row_of, int64_t K, int64_t H, float* grouped) {
+  const int64_t i = blockIdx.x;
+  const float* src = x + (i / K) * H;
+  float* dst = grouped + static_cast<int64_t>(row_of[i]) * H;
+  for (int64_t j = threadIdx.x; j < H; j += blockDim.x) dst[j] = src[j];
+}
+// out[t] += sum_k w[t, k] * y[row_of[t, k]], k in order: one block per token, no atomics.
+__global__ void moe_combine_kernel(const float* y, const int32_t* row_of, const float* w, int64_t K, int64_t H,
+                                   float* out) {
+  const int64_t t = blockIdx.x;
+  for (int64_t j = threadIdx.x; j < H; j += blockDim.x) {
+    float acc = out[t * H + j];
+    for (int64_t k = 0; k < K; ++k) acc += w[t * K + k] * y[static_cast<int64_t>(row_of[t * K + k]) * H + j];
+    out[t * H + j] = acc;
+  }
+}
+
+MatmulFn inner_matmul(const InnerOps& inner, DType dtype) {
+  MatmulFn fn = inner.matmul_by_dtype ? inner.matmul_by_dtype[static_cast<int>(dtype)] : nullptr;
+  if (!fn) {
+    std::fprintf(stderr, "cuda composite op: no matmul resolved for weight dtype %d\n", static_cast<int>(dtype));
+    std::abort();
+  }
+  return fn;
+}
+
 }  // namespace
 
 // ---- host side ---------------------------------------------------------------------------------
@@ -714,6 +743,73 @@ void argmax(const float* x, int64_t T, int64_t n, int32_t* out) {
   if (T == 0) return;
   argmax_kernel<<<static_cast<int>(T), kBlock>>>(x, n, out);
   LAUNCH_CHECK();
+}
+
+void moe_experts(const MoeExpertsArgs& a, const InnerOps& inner) {
+  const int64_t T = a.num_tokens, H = a.hidden, K = a.top_k, E = a.num_experts, I = a.intermediate, R = T * K;
+  if (R == 0) return;
+  // Group rows by expert on the host (counting sort of the ids read back), so each expert runs
+  // one matmul over all its rows.
+  std::vector<int32_t> ids(static_cast<size_t>(R)), row_of(static_cast<size_t>(R));
+  MOAT_CUDA_OK(cudaMemcpy(ids.data(), a.topk_ids, sizeof(int32_t) * R, cudaMemcpyDeviceToHost));
+  std::vector<int64_t> begin(static_cast<size_t>(E + 1), 0);
+  for (int32_t e : ids) {
+    if (e < 0 || e >= E) {
+      std::fprintf(stderr, "cuda.moe_experts: expert id %d outside %lld experts\n", e, static_cast<long long>(E));
+      std::abort();
+    }
+    ++begin[e + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) begin[e + 1] += begin[e];
+  std::vector<int64_t> fill(begin.begin(), begin.end() - 1);
+  for (int64_t i = 0; i < R; ++i) row_of[i] = static_cast<int32_t>(fill[ids[i]]++);
+  static Scratch row_scratch, in_scratch, out_scratch, gate_scratch, up_scratch;
+  auto* d_row_of = static_cast<int32_t*>(row_scratch.get(sizeof(int32_t) * R));
+  auto* in = static_cast<float*>(in_scratch.get(sizeof(float) * R * H));     // [R, H] grouped x
+  auto* out = static_cast<float*>(out_scratch.get(sizeof(float) * R * H));   // [R, H] expert outputs
+  auto* gate = static_cast<float*>(gate_scratch.get(sizeof(float) * R * I));  // [R, I]
+  auto* up = static_cast<float*>(up_scratch.get(sizeof(float) * R * I));      // [R, I]
+  MOAT_CUDA_OK(cudaMemcpy(d_row_of, row_of.data(), sizeof(int32_t) * R, cudaMemcpyHostToDevice));
+  moe_gather_kernel<<<static_cast<unsigned>(R), kBlock>>>(a.x, d_row_of, K, H, in);
+  LAUNCH_CHECK();
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t row0 = begin[e], rows = begin[e + 1] - row0;
+    if (rows == 0) continue;
+    const MlpWeights& w = a.experts[e];
+    inner_matmul(inner, w.gate_proj.dtype)(in + row0 * H, rows, w.gate_proj, gate + row0 * I, inner.precision);
+    inner_matmul(inner, w.up_proj.dtype)(in + row0 * H, rows, w.up_proj, up + row0 * I, inner.precision);
+    inner.silu_mul(gate + row0 * I, up + row0 * I, rows, I, gate + row0 * I);
+    inner_matmul(inner, w.down_proj.dtype)(gate + row0 * I, rows, w.down_proj, out + row0 * H, inner.precision);
+  }
+  moe_combine_kernel<<<static_cast<unsigned>(T), kBlock>>>(out, d_row_of, a.topk_weights, K, H, a.out);
+  LAUNCH_CHECK();
+}
+
+void head_matmul(const HeadMatmulArgs& a, const InnerOps& inner) {
+  const int64_t T = a.num_tokens;
+  if (T == 0 || a.num_heads == 0) return;
+  const int64_t in = a.weights[0].in_features, out = a.weights[0].out_features;
+  static Scratch x_scratch, y_scratch;
+  auto* xs = static_cast<float*>(x_scratch.get(sizeof(float) * T * in));   // [T, in] one head's rows
+  auto* ys = static_cast<float*>(y_scratch.get(sizeof(float) * T * out));  // [T, out]
+  for (int64_t h = 0; h < a.num_heads; ++h) {
+    const WeightMatrix& w = a.weights[h];
+    const float* x = a.x + h * a.x_head_stride;
+    float* y = a.y + h * a.y_head_stride;
+    const MatmulFn matmul = inner_matmul(inner, w.dtype);
+    if (T == 1) {
+      matmul(x, 1, w, y, inner.precision);
+    } else {
+      MOAT_CUDA_OK(cudaMemcpy2DAsync(xs, sizeof(float) * in, x, sizeof(float) * a.x_token_stride, sizeof(float) * in, T,
+                                     cudaMemcpyDeviceToDevice));
+      matmul(xs, T, w, ys, inner.precision);
+      MOAT_CUDA_OK(cudaMemcpy2DAsync(y, sizeof(float) * a.y_token_stride, ys, sizeof(float) * out, sizeof(float) * out, T,
+                                     cudaMemcpyDeviceToDevice));
+    }
+    if (a.pass > 0)
+      MOAT_CUDA_OK(cudaMemcpy2DAsync(y + out, sizeof(float) * a.y_token_stride, x + in, sizeof(float) * a.x_token_stride,
+                                     sizeof(float) * a.pass, T, cudaMemcpyDeviceToDevice));
+  }
 }
 
 }  // namespace moat::ops::cuda

@@ -291,6 +291,52 @@ void sample_from_probs_ref(const float* probs, int64_t T, int64_t n, const float
   }
 }
 
+// Each token through each of its experts in turn, in double: the oracle for the grouped kernels.
+void moe_experts_ref(const MoeExpertsArgs& a, const InnerOps&) {
+  const int64_t H = a.hidden, I = a.intermediate;
+  std::vector<double> act(static_cast<size_t>(I)), y(static_cast<size_t>(H));
+  for (int64_t t = 0; t < a.num_tokens; ++t) {
+    const float* xt = a.x + t * H;
+    std::fill(y.begin(), y.end(), 0.0);
+    for (int64_t k = 0; k < a.top_k; ++k) {
+      const int32_t e = a.topk_ids[t * a.top_k + k];
+      MOAT_CHECK(e >= 0 && e < a.num_experts, "expert id {} outside {} experts", e, a.num_experts);
+      const MlpWeights& w = a.experts[e];
+      for (int64_t i = 0; i < I; ++i) {
+        double g = 0.0, u = 0.0;
+        for (int64_t j = 0; j < H; ++j) {
+          g += static_cast<double>(xt[j]) * w.gate_proj.at(i, j);
+          u += static_cast<double>(xt[j]) * w.up_proj.at(i, j);
+        }
+        act[i] = g / (1.0 + std::exp(-g)) * u;
+      }
+      const double weight = a.topk_weights[t * a.top_k + k];
+      for (int64_t j = 0; j < H; ++j) {
+        double d = 0.0;
+        for (int64_t i = 0; i < I; ++i) d += act[i] * w.down_proj.at(j, i);
+        y[j] += weight * d;
+      }
+    }
+    for (int64_t j = 0; j < H; ++j) a.out[t * H + j] += static_cast<float>(y[j]);
+  }
+}
+
+void head_matmul_ref(const HeadMatmulArgs& a, const InnerOps&) {
+  for (int64_t h = 0; h < a.num_heads; ++h) {
+    const WeightMatrix& w = a.weights[h];
+    for (int64_t t = 0; t < a.num_tokens; ++t) {
+      const float* x = a.x + t * a.x_token_stride + h * a.x_head_stride;
+      float* y = a.y + t * a.y_token_stride + h * a.y_head_stride;
+      for (int64_t n = 0; n < w.out_features; ++n) {
+        double acc = 0.0;
+        for (int64_t k = 0; k < w.in_features; ++k) acc += static_cast<double>(x[k]) * w.at(n, k);
+        y[n] = static_cast<float>(acc);
+      }
+      for (int64_t i = 0; i < a.pass; ++i) y[w.out_features + i] = x[w.in_features + i];
+    }
+  }
+}
+
 void argmax_ref(const float* x, int64_t T, int64_t n, int32_t* out) {
   for (int64_t t = 0; t < T; ++t) {
     const float* row = x + t * n;
@@ -316,6 +362,8 @@ void register_reference_kernels(Registry& r) {
   add(OpId::store_latent, "reference.store_latent", reinterpret_cast<void*>(&store_latent_ref), any_kv);
   add(OpId::mla_attention, "reference.mla_attention", reinterpret_cast<void*>(&mla_attention_ref), any_kv);
   add(OpId::moe_route, "reference.moe_route", reinterpret_cast<void*>(&moe_route_ref));
+  add(OpId::moe_experts, "reference.moe_experts", reinterpret_cast<void*>(&moe_experts_ref), any_linear);
+  add(OpId::head_matmul, "reference.head_matmul", reinterpret_cast<void*>(&head_matmul_ref), any_linear);
   add(OpId::softmax, "reference.softmax", reinterpret_cast<void*>(&softmax_ref));
   add(OpId::top_k_renorm_prob, "reference.top_k_renorm_prob", reinterpret_cast<void*>(&top_k_renorm_ref));
   add(OpId::top_p_renorm_prob, "reference.top_p_renorm_prob", reinterpret_cast<void*>(&top_p_renorm_ref));
