@@ -97,7 +97,7 @@ int run_doctor(const DoctorArgs& a) {
   fmt::print("weights: {} tensors, {:.1f}M parameters; {} MLA layers: {} dense MLP, {} MoE{}\n", spec->tensors.size(),
              static_cast<double>(params) / 1e6, spec->layers.size(), dense, moe,
              config->num_nextn_predict_layers > 0
-                 ? fmt::format(" ({} MTP layers in the checkpoint, not run)", config->num_nextn_predict_layers)
+                 ? fmt::format(" ({} MTP layers in the checkpoint: the proposer of --speculative mtp)", config->num_nextn_predict_layers)
                  : "");
   fmt::print("backend {}: {}\n\n", a.backend, ops::backend_hardware_status(*backend));
   int unsupported = 0;
@@ -119,6 +119,10 @@ int run_doctor(const DoctorArgs& a) {
     return 1;
   }
   fmt::print("\nevery op resolves on {}\n", a.backend);
+  // Speculative verification and guess drawing (src/spec) add no op of their own: they run the
+  // sampling ops above on the target's and the proposer's rows.
+  fmt::print("speculative decoding (draft, ngram, mtp) runs on the sampling ops above: softmax, top_k/top_p/min_p "
+             "renorm, sample_from_probs, argmax\n");
   return 0;
 }
 

@@ -34,7 +34,8 @@ Result<std::unique_ptr<DeepseekModel>> ModelOptions::load(int64_t max_context) c
   return load(dir(), max_context);
 }
 
-Result<std::unique_ptr<DeepseekModel>> ModelOptions::load(const std::string& model_dir, int64_t max_context) const {
+Result<std::unique_ptr<DeepseekModel>> ModelOptions::load(const std::string& model_dir, int64_t max_context,
+                                                          bool mtp) const {
   MOAT_ASSIGN_OR_RETURN(ops::Backend parsed, ops::parse_backend(backend));
   MOAT_ASSIGN_OR_RETURN(DType kv, parse_kv_dtype(kv_dtype));
   return DeepseekModel::load(model_dir, {.backend = parsed,
@@ -42,7 +43,8 @@ Result<std::unique_ptr<DeepseekModel>> ModelOptions::load(const std::string& mod
                                      .exact_activations = exact,
                                      .weights = no_mmap ? WeightPlacement::memory : WeightPlacement::mmap,
                                      .kv_dtype = kv,
-                                     .threads = threads});
+                                     .threads = threads,
+                                     .mtp = mtp});
 }
 
 void EngineOptions::add_to(CLI::App& sub) {
@@ -57,12 +59,18 @@ void EngineOptions::add_to(CLI::App& sub) {
   sub.add_flag("--no-prefix-caching", no_prefix_caching, "do not reuse the KV blocks of shared prompt prefixes");
   sub.add_option("--speculative", speculative,
                  "speculative decoding: draft:DIR (a draft model with the target's tokenizer, e.g. "
-                 "draft:models/k3-nano-draft) or ngram (prompt lookup: guesses copied from the context)");
+                 "draft:models/k3-nano-draft), ngram (prompt lookup: guesses copied from the context) or mtp (the "
+                 "checkpoint's own multi-token-prediction head, DeepSeek-V3)");
   sub.add_option("--num-speculative-tokens", num_speculative_tokens, "tokens guessed per request and step (default 4)")
       ->check(CLI::Range(1, 64));
 }
 
 Result<std::unique_ptr<DeepseekModel>> EngineOptions::load_draft(const ModelOptions& target, int64_t max_context) const {
+  if (speculative == "mtp") {  // the target checkpoint's own MTP head
+    auto head = target.load(target.dir(), max_context, /*mtp=*/true);
+    if (!head) return make_error("--speculative mtp: {}", head.error().message);
+    return head;
+  }
   if (!speculative.starts_with("draft")) return std::unique_ptr<DeepseekModel>();
   if (!speculative.starts_with("draft:") || speculative.size() == 6)
     return make_error("--speculative {}: name the draft model's directory, draft:DIR", speculative);

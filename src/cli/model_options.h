@@ -27,7 +27,7 @@ struct ModelOptions {
   // Loads the model (with its own pool of --threads). Errors name the flag or the file at fault.
   Result<std::unique_ptr<DeepseekModel>> load(int64_t max_context) const;
   // Another checkpoint with the same settings (a speculative draft).
-  Result<std::unique_ptr<DeepseekModel>> load(const std::string& dir, int64_t max_context) const;
+  Result<std::unique_ptr<DeepseekModel>> load(const std::string& dir, int64_t max_context, bool mtp = false) const;
 };
 
 // The engine's sizing flags (vLLM's names), shared by every command that runs the engine.

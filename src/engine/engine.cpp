@@ -8,6 +8,7 @@
 
 #include "runner/model_runner.h"
 #include "spec/draft_proposer.h"
+#include "spec/mtp_proposer.h"
 #include "spec/ngram_proposer.h"
 #include "spec/rejection_sampler.h"
 
@@ -71,8 +72,13 @@ Result<std::unique_ptr<Engine>> Engine::create(DeepseekModel& model, const Engin
       if (!sp.draft_model) return make_error("--speculative draft needs a draft model");
       MOAT_ASSIGN_OR_RETURN(proposer, DraftModelProposer::create(*sp.draft_model, model.config().vocab_size,
                                                                  c.max_num_seqs, c.max_model_len, c.block_size));
+    } else if (sp.method == "mtp") {
+      if (!sp.draft_model) return make_error("--speculative mtp needs the checkpoint's MTP head loaded");
+      MOAT_ASSIGN_OR_RETURN(proposer, MtpProposer::create(*sp.draft_model, model.config().vocab_size,
+                                                          model.config().hidden_size, static_cast<int32_t>(num_blocks),
+                                                          c.block_size, c.max_num_seqs, sp.num_tokens));
     } else {
-      return make_error("--speculative {}: unknown method (draft:DIR or ngram)", sp.method);
+      return make_error("--speculative {}: unknown method (draft:DIR, ngram or mtp)", sp.method);
     }
   }
 
@@ -272,7 +278,9 @@ std::vector<RequestOutput> Engine::step() {
     const ForwardBatch batch = build_forward_batch(scheduled, scheduler_->config().block_size);
     const int64_t R = static_cast<int64_t>(batch.logit_rows.size());
     logits_.resize(static_cast<size_t>(R * V));
-    model_.forward(batch, *cache_, logits_.data());
+    const bool wants_hidden = proposer_ && proposer_->wants_target_hidden();
+    if (wants_hidden) hidden_.resize(static_cast<size_t>(batch.num_tokens() * model_.config().hidden_size));
+    model_.forward(batch, *cache_, logits_.data(), nullptr, {.final_hidden = wants_hidden ? hidden_.data() : nullptr});
 
     std::vector<const ScheduledChunk*> sampling;
     for (const ScheduledChunk& c : scheduled.chunks) {
@@ -287,6 +295,7 @@ std::vector<RequestOutput> Engine::step() {
     for (size_t i = 0; i < sampling.size(); ++i) before[i] = sampling[i]->request->output.size();
     scheduler_->update(scheduled, emitted);
     ++stats_.steps;
+    if (wants_hidden) proposer_->observe_target_step(scheduled, hidden_);
 
     for (size_t i = 0; i < sampling.size(); ++i) {
       Request& r = *sampling[i]->request;

@@ -22,9 +22,11 @@ namespace moat {
 // Speculative decoding (src/spec): a proposer guesses up to num_tokens tokens per decoding
 // request after each step; the next step verifies them in the same forward that decodes.
 struct SpeculativeConfig {
-  std::string method;          // "" (off), "ngram" or "draft"
+  std::string method;          // "" (off), "ngram", "draft" or "mtp"
   int32_t num_tokens = 4;      // guesses per request per step, [1, 64]
-  DeepseekModel* draft_model = nullptr;  // "draft": the caller's, alive as long as the engine
+  // "draft": the draft model; "mtp": the target checkpoint's MTP head (DeepseekModel::Options::mtp).
+  // The caller's, alive as long as the engine.
+  DeepseekModel* draft_model = nullptr;
   int32_t ngram_min = 2, ngram_max = 4;  // "ngram": suffix lengths looked up, longest first
   // Adaptive k: a request guesses only as far as the j-th guess is still accepted with
   // probability alpha^j >= min_guess_acceptance, alpha its own moving acceptance rate (at least
@@ -143,6 +145,7 @@ class Engine {
   std::unique_ptr<Proposer> proposer_;
   std::vector<float> spec_target_probs_;   // [1 + k, vocab] one verification's target distributions
   std::vector<int32_t> spec_history_;      // output + proposal of the request being verified
+  std::vector<float> hidden_;              // [T, hidden] the step's final hidden states, for an MTP proposer
   EngineStats stats_;
 };
 

@@ -16,7 +16,11 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::filesystem
   std::unique_ptr<DeepseekModel> model(new DeepseekModel());
   model->options_ = options;
   MOAT_ASSIGN_OR_RETURN(model->config_, load_model_config(dir));
-  MOAT_ASSIGN_OR_RETURN(model->spec_, weight_spec_for(model->config_));
+  if (options.mtp) {
+    MOAT_ASSIGN_OR_RETURN(model->spec_, deepseek_v3_mtp_weight_spec(model->config_));
+  } else {
+    MOAT_ASSIGN_OR_RETURN(model->spec_, weight_spec_for(model->config_));
+  }
   MOAT_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(dir, options.weights));
   model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
   MOAT_TRY(validate_checkpoint(*model->checkpoint_, model->spec_));
@@ -57,7 +61,7 @@ Status DeepseekModel::load_weights() {
       MOAT_ASSIGN_OR_RETURN(*vector_slot(t), get_vector_f32(ck, t.name, t.shape[0]));
     }
   }
-  if (c.tie_word_embeddings) lm_head_ = embed_tokens_;
+  if (c.tie_word_embeddings && !options_.mtp) lm_head_ = embed_tokens_;  // an MTP head has its own
   for (LayerWeights& L : layers_) absorb_kv_b(L.attn);
   return ok_status();
 }
@@ -109,6 +113,9 @@ WeightMatrix* DeepseekModel::matrix_slot(const TensorSpec& t) {
       if (L->moe && t.expert >= 0 && t.expert < static_cast<int64_t>(L->moe->experts.size()))
         slot = mlp_slot(L->moe->experts[static_cast<size_t>(t.expert)], t.role);
       break;
+    case Part::mtp_input:
+      if (t.role == Role::mtp_eh_proj) slot = &mtp_eh_proj_;
+      break;
     case Part::shared_experts:
       if (L->moe) slot = mlp_slot(created(L->moe->shared), t.role);
       break;
@@ -129,6 +136,8 @@ std::vector<float>* DeepseekModel::vector_slot(const TensorSpec& t) {
     case Role::post_attention_norm: slot = &L->post_attention_layernorm; break;
     case Role::q_a_norm: slot = &L->attn.q_a_layernorm; break;
     case Role::kv_a_norm: slot = &L->attn.kv_a_layernorm; break;
+    case Role::mtp_enorm: slot = &mtp_enorm_; break;
+    case Role::mtp_hnorm: slot = &mtp_hnorm_; break;
     case Role::score_bias:
       if (L->moe) slot = &L->moe->score_bias;
       break;
@@ -214,6 +223,7 @@ void DeepseekModel::reserve(int64_t T) {
   grow(mlp_up_, T * inter);
   grow(router_logits_, T * std::max<int64_t>(1, c.n_routed_experts));
   grow(logits_in_, T * H);
+  if (options_.mtp) grow(mtp_cat_, T * 2 * H);
   topk_ids_.resize(static_cast<size_t>(T * std::max<int64_t>(1, c.num_experts_per_tok)));
   topk_weights_.resize(topk_ids_.size());
   kv_lens_.resize(static_cast<size_t>(T));
@@ -221,7 +231,7 @@ void DeepseekModel::reserve(int64_t T) {
 }
 
 void DeepseekModel::forward(const ForwardBatch& batch, PagedLatentCache& cache, float* logits,
-                            const LayerHook& on_layer_output) {
+                            const LayerHook& on_layer_output, const ForwardExtras& extras) {
   const ModelConfig& c = config_;
   const int64_t T = batch.num_tokens();
   MOAT_CHECK(batch.positions.size() == batch.tokens.size() && batch.slot_mapping.size() == batch.tokens.size() &&
@@ -229,9 +239,9 @@ void DeepseekModel::forward(const ForwardBatch& batch, PagedLatentCache& cache, 
              "batch arrays disagree in length");
   MOAT_CHECK(batch.block_size == cache.block_size(), "batch block size {} but the cache's is {}", batch.block_size,
              cache.block_size());
-  MOAT_CHECK(cache.shape().num_layers == c.num_hidden_layers && cache.shape().dim == c.kv_cache_dim(),
+  MOAT_CHECK(cache.shape().num_layers == num_layers() && cache.shape().dim == c.kv_cache_dim(),
              "cache shaped for {} layers x {} values, model has {} x {}", cache.shape().num_layers,
-             cache.shape().dim, c.num_hidden_layers, c.kv_cache_dim());
+             cache.shape().dim, num_layers(), c.kv_cache_dim());
   MOAT_CHECK(cache.shape().dtype == options_.kv_dtype, "cache dtype {} but ops resolved for {}",
              dtype_name(cache.shape().dtype), dtype_name(options_.kv_dtype));
   const int64_t slots = static_cast<int64_t>(cache.num_blocks()) * cache.block_size();
@@ -248,9 +258,25 @@ void DeepseekModel::forward(const ForwardBatch& batch, PagedLatentCache& cache, 
   const int64_t H = c.hidden_size;
   float* x = x_.data();  // residual stream [T, hidden]
   float* h = h_.data();  // normed input of the current sublayer [T, hidden]
+  const float eps = static_cast<float>(c.rms_norm_eps);
   ops_.embedding(embed_tokens_, batch.tokens.data(), T, x);
+  if (options_.mtp) {
+    // x = eh_proj([enorm(embedding of the next token); hnorm(main model's h)]); the embedding is
+    // zeroed at position 0, as vLLM runs DeepSeek's MTP
+    MOAT_CHECK(extras.mtp_prev_hidden != nullptr, "an MTP head needs the main model's hidden states");
+    float* cat = mtp_cat_.data();
+    for (int64_t t = 0; t < T; ++t)
+      if (batch.positions[t] == 0) std::fill(x + t * H, x + (t + 1) * H, 0.0f);
+    ops_.rms_norm(x, mtp_enorm_.data(), T, H, eps, h);
+    ops_.rms_norm(extras.mtp_prev_hidden, mtp_hnorm_.data(), T, H, eps, tmp_.data());
+    for (int64_t t = 0; t < T; ++t) {
+      std::memcpy(cat + t * 2 * H, h + t * H, sizeof(float) * H);
+      std::memcpy(cat + t * 2 * H + H, tmp_.data() + t * H, sizeof(float) * H);
+    }
+    ops_.matmul(cat, T, mtp_eh_proj_, x);
+  }
 
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+  for (int64_t i = 0; i < num_layers(); ++i) {
     const LayerWeights& L = layers_[i];
     ops_.rms_norm(x, L.input_layernorm.data(), T, H, static_cast<float>(c.rms_norm_eps), h);
     attention(L, i, batch, cache, h, tmp_.data());
@@ -264,6 +290,9 @@ void DeepseekModel::forward(const ForwardBatch& batch, PagedLatentCache& cache, 
     ops_.add_scaled(x, tmp_.data(), 1.0f, T * H);
     if (on_layer_output) on_layer_output(i, x, T);
   }
+
+  if (extras.residual) std::memcpy(extras.residual, x, sizeof(float) * T * H);
+  if (extras.final_hidden) ops_.rms_norm(x, final_norm_.data(), T, H, eps, extras.final_hidden);
 
   // Only the rows that need logits go through the final norm and lm_head.
   const int64_t R = static_cast<int64_t>(batch.logit_rows.size());
@@ -391,7 +420,7 @@ DeepseekModel::ActiveWeights DeepseekModel::active_weights_per_token() const {
     const WeightMatrix& m = *bound_[i];
     if (t.part == Part::embedding) {
       a.bytes += m.in_features * static_cast<int64_t>(dtype_size(m.dtype));
-      if (config_.tie_word_embeddings) add(lm_head_);
+      if (config_.tie_word_embeddings && !options_.mtp) add(lm_head_);
     } else if (t.role == Role::kv_b_proj) {
       const MlaWeights& A = layers_[static_cast<size_t>(t.layer)].attn;
       for (const auto& w : A.w_uk_t) add(w);

@@ -58,6 +58,14 @@ struct LayerWeights {
   std::optional<MoeWeights> moe;
 };
 
+// What a step can hand back besides logits, and an MTP head's second input.
+struct ForwardExtras {
+  // [T, hidden] MTP heads only: the main model's final normed hidden state at each row's position
+  const float* mtp_prev_hidden = nullptr;
+  float* final_hidden = nullptr;  // [T, hidden] out: every row's final normed hidden state
+  float* residual = nullptr;      // [T, hidden] out: the residual stream after the last layer
+};
+
 class DeepseekModel {
  public:
   struct Options {
@@ -69,7 +77,11 @@ class DeepseekModel {
     // Threads this model's kernels split over (0: hardware threads). Per model: a draft and a
     // target model in one process each keep theirs (models of one size share one pool).
     int threads = 0;
+    // Load the checkpoint's first MTP head (model.layers.{num_hidden_layers}) as a one-layer
+    // model instead of the main model: the proposer of --speculative mtp (spec/mtp_proposer.h).
+    bool mtp = false;
   };
+
 
   static Result<std::unique_ptr<DeepseekModel>> load(const std::filesystem::path& dir, const Options& options);
 
@@ -79,6 +91,8 @@ class DeepseekModel {
   // sampling) installs it too: ScopedThreadPool scope(model.thread_pool()).
   ThreadPool& thread_pool() const { return *pool_; }
   int64_t max_context() const { return options_.max_context; }
+  bool is_mtp() const { return options_.mtp; }
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   // Weights one decode token streams (active experts only, plus the embedding row), for
   // rooflines: bytes read from memory and parameters multiplied (2 FLOPs each).
   struct ActiveWeights {
@@ -96,7 +110,7 @@ class DeepseekModel {
   const WeightSpec& weight_spec() const { return spec_; }
 
   LatentCacheShape cache_shape() const {
-    return {config_.num_hidden_layers, config_.kv_cache_dim(), options_.kv_dtype};
+    return {num_layers(), config_.kv_cache_dim(), options_.kv_dtype};
   }
   // A cache for one sequence of up to `capacity` tokens (score, tests, benchmarks).
   SequenceCache new_sequence_cache(int64_t capacity, int32_t block_size = 64) const {
@@ -109,7 +123,7 @@ class DeepseekModel {
   // the reference).
   using LayerHook = std::function<void(int64_t layer, const float* hidden, int64_t T)>;
   void forward(const ForwardBatch& batch, PagedLatentCache& cache, float* logits,
-               const LayerHook& on_layer_output = nullptr);
+               const LayerHook& on_layer_output = nullptr, const ForwardExtras& extras = {});
   // One sequence's tokens at positions first_position.. over a SequenceCache.
   void forward(SequenceCache& cache, std::span<const int32_t> tokens, int32_t first_position, float* logits,
                ForwardBatch::Logits which = ForwardBatch::Logits::last, const LayerHook& on_layer_output = nullptr) {
@@ -144,6 +158,11 @@ class DeepseekModel {
   float softmax_scale_ = 1.0f;
   WeightMatrix embed_tokens_, lm_head_;
   std::vector<float> final_norm_;
+  // MTP heads only (Options::mtp): norms of the next token's embedding and of the main model's
+  // hidden state, and the projection of both into the decoder layer's input
+  std::vector<float> mtp_enorm_, mtp_hnorm_;  // [hidden]
+  WeightMatrix mtp_eh_proj_;                  // [hidden, 2 * hidden]
+  Buffer mtp_cat_;                            // [T, 2 * hidden]
   std::vector<LayerWeights> layers_;
 
   // Workspace, grown by reserve(T) and reused across steps.

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <map>
+#include <random>
 
 #include "engine/engine.h"
 #include "spec/draft_proposer.h"
@@ -278,6 +279,132 @@ TEST_F(SpeculativeTest, BadSpeculativeSettingsAreRefusedWithTheirNames) {
   EXPECT_NE(bad({.speculative = {.method = "eagle"}}).find("unknown method"), std::string::npos);
   EXPECT_NE(bad({.speculative = {.method = "ngram", .num_tokens = 0}}).find("--num-speculative-tokens"), std::string::npos);
   EXPECT_NE(bad({.speculative = {.method = "draft"}}).find("draft model"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace moat
+
+namespace moat {
+namespace {
+
+// The MTP proposer on a golden checkpoint that carries an MTP layer (random weights: it guesses
+// badly, which exercises rejection; greedy output must not change).
+class MtpSpeculativeTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const auto dir = std::filesystem::path(MOAT_SOURCE_DIR) / "tests/golden/tiny_qlora";
+    const DeepseekModel::Options o{.backend = ops::Backend::cpu, .max_context = 128, .exact_activations = true};
+    auto t = DeepseekModel::load(dir, o);
+    ASSERT_TRUE(t.ok()) << t.error().message;
+    target_ = std::move(t).value().release();
+    DeepseekModel::Options mo = o;
+    mo.mtp = true;
+    auto h = DeepseekModel::load(dir, mo);
+    ASSERT_TRUE(h.ok()) << h.error().message;
+    head_ = std::move(h).value().release();
+  }
+  static void TearDownTestSuite() {
+    delete target_;
+    delete head_;
+  }
+  static std::unique_ptr<Engine> engine(EngineConfig c) {
+    if (c.max_model_len == 0) c.max_model_len = 128;
+    if (c.kv_memory_bytes == 0) c.kv_memory_bytes = 8 << 20;
+    if (c.speculative.enabled()) c.speculative.draft_model = head_;
+    auto e = Engine::create(*target_, c);
+    EXPECT_TRUE(e.ok()) << e.error().message;
+    return std::move(e).value();
+  }
+  static GenerateRequest request(uint32_t seed, int64_t len, int64_t max_tokens) {
+    GenerateRequest r;
+    std::mt19937 g(seed);
+    for (int64_t i = 0; i < len; ++i) r.prompt.push_back(static_cast<int32_t>(2 + g() % 500));
+    r.sampling.temperature = 0.0f;
+    r.stop.max_tokens = max_tokens;
+    r.stop.ignore_eos = true;
+    return r;
+  }
+  static std::map<uint64_t, std::vector<int32_t>> run(Engine& e) {
+    std::map<uint64_t, std::vector<int32_t>> out;
+    for (int steps = 0; e.has_work(); ++steps) {
+      EXPECT_LT(steps, 10000);
+      for (const RequestOutput& o : e.step()) out[o.id].insert(out[o.id].end(), o.new_tokens.begin(), o.new_tokens.end());
+      e.scheduler().check_invariants();
+    }
+    EXPECT_EQ(e.scheduler().block_pool().num_used(), 0);
+    return out;
+  }
+  static DeepseekModel* target_;
+  static DeepseekModel* head_;
+};
+DeepseekModel* MtpSpeculativeTest::target_ = nullptr;
+DeepseekModel* MtpSpeculativeTest::head_ = nullptr;
+
+TEST_F(MtpSpeculativeTest, GreedyOutputUnchangedWithPrefixHitsChunksAndPreemption) {
+  std::vector<GenerateRequest> requests;
+  for (uint32_t s = 0; s < 5; ++s) requests.push_back(request(s, 10 + 7 * s, 30));
+  requests.push_back(requests[4]);  // a whole-prompt prefix hit: its MTP rows come from the cache too
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& r : requests) {
+    auto e = engine({});
+    const uint64_t id = *e->add_request(r);
+    expected.push_back(run(*e)[id]);
+  }
+  for (int32_t k : {1, 3, 6}) {
+    SCOPED_TRACE("k=" + std::to_string(k));
+    auto e = engine({.block_size = 4, .max_num_batched_tokens = 24, .speculative = {.method = "mtp", .num_tokens = k}});
+    std::vector<uint64_t> ids;
+    for (const auto& r : requests) ids.push_back(*e->add_request(r));
+    auto done = run(*e);
+    for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(done[ids[i]], expected[i]) << "request " << i;
+    EXPECT_GT(e->stats().draft_tokens, 0);
+    EXPECT_GT(e->scheduler().block_pool().counters().hits, 0);
+  }
+  // far too little KV for all at once: preemption and recomputation under MTP
+  const int64_t per_token = target_->cache_shape().bytes_per_token();
+  auto e = engine({.block_size = 4, .kv_memory_bytes = 80 * per_token, .max_model_len = 72,
+                   .speculative = {.method = "mtp", .num_tokens = 4}});
+  std::vector<uint64_t> ids;
+  for (const auto& r : requests) ids.push_back(*e->add_request(r));
+  auto done = run(*e);
+  EXPECT_GT(e->scheduler().num_preemptions(), 0);
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(done[ids[i]], expected[i]) << "request " << i;
+}
+
+// The proposer's first two guesses after a prompt are the head's argmax computed by hand: the
+// target's final hidden states of every prompt position paired with the next token, then the
+// head's own state paired with its first guess.
+TEST_F(MtpSpeculativeTest, GuessesAreTheHeadsPredictionsFromTheTargetsHiddenStates) {
+  const GenerateRequest r = request(9, 12, 10);
+  auto e = engine({.speculative = {.method = "mtp", .num_tokens = 2, .min_guess_acceptance = 0}});
+  const uint64_t id = *e->add_request(r);
+  auto outs = e->step();  // the prompt, the first token, then the proposal
+  ASSERT_EQ(outs.size(), 1u);
+  const int32_t first = outs[0].new_tokens.at(0);
+  const Request* req = e->scheduler().find(id);
+  ASSERT_NE(req, nullptr);
+  ASSERT_EQ(req->spec_tokens.size(), 2u);
+
+  const int64_t H = target_->config().hidden_size, V = target_->config().vocab_size;
+  const int64_t n = static_cast<int64_t>(r.prompt.size());
+  SequenceCache tc = target_->new_sequence_cache(n, 4);
+  std::vector<float> hidden(static_cast<size_t>(n * H)), logits(static_cast<size_t>(V));
+  target_->forward(ForwardBatch::for_sequence(r.prompt, 0, tc.blocks, 4), tc.pages, logits.data(), nullptr,
+                   {.final_hidden = hidden.data()});
+  std::vector<int32_t> next(r.prompt.begin() + 1, r.prompt.end());
+  next.push_back(first);
+  SequenceCache mc = head_->new_sequence_cache(n + 1, 4);
+  std::vector<float> state(static_cast<size_t>(n * H)), head_logits(static_cast<size_t>(V));
+  head_->forward(ForwardBatch::for_sequence(next, 0, mc.blocks, 4), mc.pages, head_logits.data(), nullptr,
+                 {.mtp_prev_hidden = hidden.data(), .residual = state.data()});
+  const int32_t guess0 = static_cast<int32_t>(std::max_element(head_logits.begin(), head_logits.end()) - head_logits.begin());
+  EXPECT_EQ(req->spec_tokens[0], guess0);
+  std::vector<float> state1(static_cast<size_t>(H));
+  head_->forward(ForwardBatch::for_sequence({&guess0, 1}, static_cast<int32_t>(n), mc.blocks, 4), mc.pages,
+                 head_logits.data(), nullptr, {.mtp_prev_hidden = state.data() + (n - 1) * H, .residual = state1.data()});
+  const int32_t guess1 = static_cast<int32_t>(std::max_element(head_logits.begin(), head_logits.end()) - head_logits.begin());
+  EXPECT_EQ(req->spec_tokens[1], guess1);
+  run(*e);
 }
 
 }  // namespace
