@@ -92,6 +92,8 @@ Result<std::unique_ptr<Engine>> Engine::create(DeepseekModel& model, const Engin
   sc.max_num_seqs = c.max_num_seqs;
   sc.max_model_len = c.max_model_len;
   sc.enable_prefix_caching = c.enable_prefix_caching;
+  sc.state_bytes_per_request = model.state_bytes_per_request();
+  sc.num_state_slots = sc.state_bytes_per_request > 0 ? c.max_num_seqs : 0;
   e->scheduler_ = std::make_unique<Scheduler>(sc);
   return e;
 }

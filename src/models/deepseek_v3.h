@@ -109,6 +109,9 @@ class DeepseekModel {
   // The architecture's weight table for this config (models/registry.h).
   const WeightSpec& weight_spec() const { return spec_; }
 
+  // Recurrent state a request keeps beside its latent rows (kv/state_pool.h): none, every layer
+  // is MLA. A hybrid with linear-attention layers (Kimi K3) returns its per-request state size.
+  int64_t state_bytes_per_request() const { return 0; }
   LatentCacheShape cache_shape() const {
     return {num_layers(), config_.kv_cache_dim(), options_.kv_dtype};
   }

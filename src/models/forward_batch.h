@@ -22,6 +22,7 @@ struct ForwardBatch {
   std::vector<int64_t> slot_mapping;  // [T] cache slot each token's latent row is written to
   std::vector<int32_t> token_seq;     // [T] the sequence each token belongs to
   std::vector<int32_t> logit_rows;    // tokens whose logits are wanted, in output order
+  std::vector<int32_t> state_slots;   // [S] each sequence's recurrent-state slot (kv/state_pool.h); -1: none
 
   int32_t num_sequences() const { return static_cast<int32_t>(context_lens.size()); }
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
@@ -30,7 +31,7 @@ struct ForwardBatch {
   // Appends one sequence's tokens at positions first_position.. . blocks: the sequence's block
   // table, covering at least first_position + tokens.size() rows.
   void add_sequence(std::span<const int32_t> new_tokens, int32_t first_position, std::span<const int32_t> blocks,
-                    Logits logits) {
+                    Logits logits, int32_t state_slot = -1) {
     MOAT_CHECK(block_size > 0, "set ForwardBatch::block_size before adding sequences");
     const int32_t n = static_cast<int32_t>(new_tokens.size());
     const int32_t end = first_position + n;
@@ -59,6 +60,7 @@ struct ForwardBatch {
       slot_mapping.push_back(static_cast<int64_t>(blocks[pos / block_size]) * block_size + pos % block_size);
     }
     context_lens.push_back(end);
+    state_slots.push_back(state_slot);
     query_start.push_back(static_cast<int32_t>(tokens.size()));
   }
 

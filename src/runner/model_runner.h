@@ -21,7 +21,7 @@ inline ForwardBatch build_forward_batch(const SchedulerOutput& out, int32_t bloc
     const ForwardBatch::Logits logits = !c.samples()     ? ForwardBatch::Logits::none
                                         : c.num_spec > 0 ? ForwardBatch::Logits::all
                                                          : ForwardBatch::Logits::last;
-    batch.add_sequence(tokens, static_cast<int32_t>(c.first), r.block_table, logits);
+    batch.add_sequence(tokens, static_cast<int32_t>(c.first), r.block_table, logits, r.state_slot);
   }
   return batch;
 }

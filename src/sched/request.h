@@ -51,6 +51,7 @@ struct Request {
   int64_t num_cached_tokens = 0;        // prompt tokens found in the prefix cache at admission
   std::vector<int32_t> block_table;     // block ids covering rows [0, blocks * block_size)
   std::vector<uint64_t> block_hashes;   // chain hashes of the full blocks registered so far
+  int32_t state_slot = -1;              // recurrent-state slot (kv/state_pool.h) while running; -1: none
   int64_t num_preemptions = 0;
   double arrival_s = 0.0;
 

@@ -7,8 +7,12 @@
 namespace moat {
 
 Scheduler::Scheduler(const SchedulerConfig& config)
-    : config_(config), pool_(config.num_blocks, config.block_size) {
+    : config_(config),
+      pool_(config.num_blocks, config.block_size),
+      state_pool_(config.state_bytes_per_request > 0 ? config.num_state_slots : 0, config.state_bytes_per_request) {
   MOAT_CHECK(config.max_num_batched_tokens > 0 && config.max_num_seqs > 0, "empty token budget or sequence limit");
+  MOAT_CHECK(config.state_bytes_per_request == 0 || config.num_state_slots > 0,
+             "a model with recurrent state needs state slots");
 }
 
 Status Scheduler::check_fits(int64_t prompt_tokens, int64_t max_tokens) const {
@@ -56,8 +60,15 @@ void Scheduler::release_blocks(Request& r) {
   r.block_hashes.clear();
 }
 
+void Scheduler::release_state(Request& r) {
+  if (r.state_slot < 0) return;
+  state_pool_.release(r.state_slot);
+  r.state_slot = -1;
+}
+
 void Scheduler::preempt(Request& r) {
   release_blocks(r);
+  release_state(r);  // rebuilt from the start by recomputation, like the blocks
   r.spec_tokens.clear();
   r.spec_probs.clear();
   r.num_computed_tokens = 0;
@@ -84,7 +95,8 @@ void Scheduler::register_full_blocks(Request& r) {
 // short of the whole sequence (the last token must be computed to get logits).
 void Scheduler::admit_prefix(Request& r) {
   r.num_cached_tokens = 0;
-  if (!config_.enable_prefix_caching || r.num_computed_tokens > 0) return;
+  // a recurrent state cannot start mid-sequence: the prefix's state is not cached
+  if (!config_.enable_prefix_caching || state_pool_.enabled() || r.num_computed_tokens > 0) return;
   const int64_t B = config_.block_size;
   const int64_t max_blocks = (r.length() - 1) / B;
   std::vector<int32_t> tokens(static_cast<size_t>(B));
@@ -150,12 +162,16 @@ SchedulerOutput Scheduler::schedule() {
     Request& r = *waiting_.front();
     admit_prefix(r);
     const int64_t n = std::min(r.length() - r.num_computed_tokens, budget);
+    std::optional<int32_t> slot;
+    if (state_pool_.enabled() && !(slot = state_pool_.allocate())) break;  // waits for a slot
     if (!grow_blocks(r, r.num_computed_tokens + n)) {
       release_blocks(r);  // prefix blocks go back; they stay cached
+      if (slot) state_pool_.release(*slot);
       r.num_computed_tokens = 0;
       r.num_cached_tokens = 0;
       break;
     }
+    r.state_slot = slot.value_or(-1);
     waiting_.pop_front();
     r.status = RequestStatus::running;
     running_.push_back(&r);
@@ -169,6 +185,7 @@ SchedulerOutput Scheduler::schedule() {
 void Scheduler::finish_request(Request& r, FinishReason reason) {
   if (r.finished()) return;
   release_blocks(r);
+  release_state(r);
   r.status = RequestStatus::finished;
   r.finish = reason;
   running_.erase(std::remove(running_.begin(), running_.end(), &r), running_.end());
@@ -258,6 +275,17 @@ std::vector<std::unique_ptr<Request>> Scheduler::take_finished() {
 
 void Scheduler::check_invariants() const {
   pool_.check_invariants();
+  state_pool_.check_invariants();
+  int32_t slots_held = 0;
+  for (const auto& [id, r] : requests_) {
+    if (r->state_slot < 0) continue;
+    ++slots_held;
+    MOAT_CHECK(r->status == RequestStatus::running, "request {} holds state slot {} while not running", id, r->state_slot);
+    MOAT_CHECK(state_pool_.in_use(r->state_slot), "request {} holds state slot {}, which the pool calls free", id,
+               r->state_slot);
+  }
+  MOAT_CHECK(slots_held + state_pool_.num_free() == state_pool_.num_slots(), "{} state slots held, {} free of {}",
+             slots_held, state_pool_.num_free(), state_pool_.num_slots());
   std::vector<int32_t> held(static_cast<size_t>(pool_.num_blocks()), 0);
   for (const auto& [id, r] : requests_) {
     if (r->finished()) {

@@ -22,6 +22,7 @@
 
 #include "base/status.h"
 #include "kv/block_pool.h"
+#include "kv/state_pool.h"
 #include "sched/request.h"
 
 namespace moat {
@@ -33,6 +34,10 @@ struct SchedulerConfig {
   int32_t max_num_seqs = 64;             // running requests at once
   int64_t max_model_len = 4096;          // prompt + output per request
   bool enable_prefix_caching = true;
+  // Recurrent state per running request (kv/state_pool.h; 0 bytes: the model keeps none, as
+  // DeepSeek-V3). With state, admission also needs a free slot and prefix hits are not taken.
+  int64_t state_bytes_per_request = 0;
+  int32_t num_state_slots = 0;
 };
 
 struct ScheduledChunk {
@@ -84,6 +89,9 @@ class Scheduler {
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   const BlockPool& block_pool() const { return pool_; }
+  const StateSlotPool& state_pool() const { return state_pool_; }
+  // The model writes a running request's recurrent state here (nullptr without state).
+  uint8_t* state_of(const Request& r) { return r.state_slot >= 0 ? state_pool_.data(r.state_slot) : nullptr; }
   int64_t num_preemptions() const { return num_preemptions_; }
   // Blocks a request of `tokens` tokens needs.
   int64_t blocks_for(int64_t tokens) const { return (tokens + config_.block_size - 1) / config_.block_size; }
@@ -93,6 +101,7 @@ class Scheduler {
  private:
   bool grow_blocks(Request& r, int64_t rows);
   void release_blocks(Request& r);
+  void release_state(Request& r);
   void preempt(Request& r);
   void admit_prefix(Request& r);
   void register_full_blocks(Request& r);
@@ -100,6 +109,7 @@ class Scheduler {
 
   SchedulerConfig config_;
   BlockPool pool_;
+  StateSlotPool state_pool_;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;   // admission order

@@ -204,8 +204,8 @@ TEST(WeightSpec, LayerKindsPartsRolesAndSplits) {
     EXPECT_EQ(t.layer >= 0, t.part != Part::embedding && t.part != Part::lm_head && t.part != Part::final_norm)
         << t.name;
     EXPECT_EQ(t.split == TpSplit::expert, t.part == Part::routed_expert) << t.name;
-    if (t.split == TpSplit::column) EXPECT_EQ(t.shape[0] % t.split_unit, 0) << t.name;
-    if (t.split == TpSplit::row) EXPECT_EQ(t.shape[1] % t.split_unit, 0) << t.name;
+    if (t.split == TpSplit::column) { EXPECT_EQ(t.shape[0] % t.split_unit, 0) << t.name; }
+    if (t.split == TpSplit::row) { EXPECT_EQ(t.shape[1] % t.split_unit, 0) << t.name; }
   }
   auto at = [&](const std::string& name) -> const TensorSpec& {
     const TensorSpec* t = spec.find(name);
@@ -259,7 +259,7 @@ bool is_mtp(const std::string& name, int64_t num_layers) {
 TEST(WeightSpec, GoldenCheckpointsHoldExactlyTheSpecsTensors) {
   const fs::path root = MOAT_SOURCE_DIR;
   int checked = 0;
-  for (const fs::path dir : {root / "tests/golden/tiny_qlora", root / "tests/golden/tiny_v2lite",
+  for (const fs::path& dir : {root / "tests/golden/tiny_qlora", root / "tests/golden/tiny_v2lite",
                              root / "tests/golden/tiny_fp8", root / "models/k3-nano", root / "models/k3-nano-draft"}) {
     if (!fs::exists(dir / "config.json")) continue;
     SCOPED_TRACE(dir.string());
@@ -360,7 +360,7 @@ namespace {
 // in the DeepSeek-V3 layout make_checkpoint.py writes; a checkpoint without one is refused by name.
 TEST(WeightSpec, MtpHeadSpecIsTheCheckpointsExtraLayer) {
   const fs::path root = MOAT_SOURCE_DIR;
-  for (const fs::path dir : {root / "tests/golden/tiny_qlora", root / "tests/golden/tiny_fp8"}) {
+  for (const fs::path& dir : {root / "tests/golden/tiny_qlora", root / "tests/golden/tiny_fp8"}) {
     SCOPED_TRACE(dir.string());
     auto config = load_model_config(dir);
     ASSERT_TRUE(config.ok()) << config.error().message;

@@ -3,6 +3,7 @@
 // chunk.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "sched/scheduler.h"
@@ -176,6 +177,70 @@ TEST(Scheduler, MaxNumSeqsBoundsTheRunningSet) {
   step(s);
   EXPECT_EQ(s.num_running(), 2);
   EXPECT_EQ(s.num_waiting(), 2);
+}
+
+}  // namespace
+}  // namespace moat
+
+namespace moat {
+namespace {
+
+SchedulerConfig with_state(SchedulerConfig c, int32_t slots, int64_t bytes = 256) {
+  c.state_bytes_per_request = bytes;
+  c.num_state_slots = slots;
+  return c;
+}
+
+// A model with recurrent state (the Kimi K3 hybrid): a running request holds one slot, taken at
+// admission and given back when it finishes, is aborted or preempted; requests beyond the slots
+// wait; no prefix hits are taken (a prefix's state is not cached).
+TEST(Scheduler, StateSlotsBoundAdmissionAndComeBackOnFinishAbortAndPreemption) {
+  Scheduler s(with_state(config(64, 4, 64), 2));
+  for (uint64_t id = 1; id <= 4; ++id) ASSERT_TRUE(s.add(make_request(id, 5, 3)).ok());
+  auto out = step(s);
+  EXPECT_EQ(out.chunks.size(), 2u) << "two slots: two requests run";
+  EXPECT_EQ(s.num_running(), 2);
+  EXPECT_EQ(s.state_pool().num_free(), 0);
+  for (const auto& c : out.chunks) {
+    EXPECT_GE(c.request->state_slot, 0);
+    const uint8_t* state = s.state_of(*c.request);
+    ASSERT_NE(state, nullptr);
+    EXPECT_EQ(std::count(state, state + 256, 0), 256) << "a new request's state starts zeroed";
+  }
+  s.finish(1, FinishReason::abort);
+  EXPECT_EQ(s.state_pool().num_free(), 1);
+  out = step(s);  // request 3 takes the freed slot
+  EXPECT_EQ(s.num_running(), 2);
+  while (s.has_work()) step(s);
+  EXPECT_EQ(s.state_pool().num_free(), 2);
+
+  // a pool too small for both: the newest is preempted, and its slot goes with its blocks
+  Scheduler p(with_state(config(4, 4, 64), 2));
+  ASSERT_TRUE(p.add(make_request(10, 6, 8)).ok());
+  ASSERT_TRUE(p.add(make_request(11, 6, 8)).ok());
+  step(p);
+  while (p.has_work()) step(p);
+  EXPECT_GT(p.num_preemptions(), 0);
+  EXPECT_EQ(p.state_pool().num_free(), 2);
+  EXPECT_EQ(p.block_pool().num_used(), 0);
+
+  // no prefix hits with state, even for an identical prompt
+  Scheduler c(with_state(config(64, 4, 64), 4));
+  ASSERT_TRUE(c.add(make_request(20, 12, 2)).ok());
+  while (c.has_work()) step(c);
+  ASSERT_TRUE(c.add(make_request(21, 12, 2)).ok());
+  step(c);
+  EXPECT_EQ(c.find(21)->num_cached_tokens, 0);
+  EXPECT_EQ(c.block_pool().counters().hits, 0);
+}
+
+TEST(Scheduler, ModelsWithoutStateTakeNoSlots) {
+  Scheduler s(config(64, 4, 64));
+  EXPECT_FALSE(s.state_pool().enabled());
+  ASSERT_TRUE(s.add(make_request(1, 5, 2)).ok());
+  auto out = step(s);
+  EXPECT_EQ(out.chunks[0].request->state_slot, -1);
+  EXPECT_EQ(s.state_of(*out.chunks[0].request), nullptr);
 }
 
 }  // namespace

@@ -1,0 +1,56 @@
+#include "kv/state_pool.h"
+
+#include <sys/mman.h>
+
+#include <cstring>
+
+#include "base/check.h"
+
+namespace moat {
+
+StateSlotPool::StateSlotPool(int32_t num_slots, int64_t bytes_per_slot) : bytes_per_slot_(bytes_per_slot) {
+  MOAT_CHECK(num_slots >= 0 && bytes_per_slot >= 0, "state pool of {} slots x {} bytes", num_slots, bytes_per_slot);
+  if (!enabled()) return;
+  in_use_.assign(static_cast<size_t>(num_slots), false);
+  for (int32_t s = num_slots - 1; s >= 0; --s) free_.push_back(s);
+  bytes_ = static_cast<int64_t>(num_slots) * bytes_per_slot;
+  if (bytes_ == 0) return;
+  void* p = mmap(nullptr, static_cast<size_t>(bytes_), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  MOAT_CHECK(p != MAP_FAILED, "cannot map {} bytes for {} state slots", bytes_, num_slots);
+  base_ = static_cast<uint8_t*>(p);
+}
+
+StateSlotPool::~StateSlotPool() {
+  if (base_) munmap(base_, static_cast<size_t>(bytes_));
+}
+
+std::optional<int32_t> StateSlotPool::allocate() {
+  if (free_.empty()) return std::nullopt;
+  const int32_t s = free_.back();
+  free_.pop_back();
+  in_use_[static_cast<size_t>(s)] = true;
+  std::memset(data(s), 0, static_cast<size_t>(bytes_per_slot_));
+  return s;
+}
+
+void StateSlotPool::release(int32_t slot) {
+  MOAT_CHECK(slot >= 0 && slot < num_slots() && in_use_[static_cast<size_t>(slot)], "releasing state slot {} not in use",
+             slot);
+  in_use_[static_cast<size_t>(slot)] = false;
+  free_.push_back(slot);
+}
+
+uint8_t* StateSlotPool::data(int32_t slot) {
+  MOAT_CHECK(slot >= 0 && slot < num_slots() && in_use_[static_cast<size_t>(slot)], "state slot {} not in use", slot);
+  return base_ + static_cast<int64_t>(slot) * bytes_per_slot_;
+}
+
+void StateSlotPool::check_invariants() const {
+  int32_t used = 0;
+  for (bool u : in_use_) used += u;
+  MOAT_CHECK(used + num_free() == num_slots(), "{} slots in use + {} free != {}", used, num_free(), num_slots());
+  for (int32_t s : free_) MOAT_CHECK(!in_use_[static_cast<size_t>(s)], "free slot {} marked in use", s);
+}
+
+}  // namespace moat
