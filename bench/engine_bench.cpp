@@ -43,6 +43,10 @@ struct Level {
   double seconds = 0, output_tps = 0, per_stream_tps = 0;
   double ttft_p50_ms = 0, ttft_p99_ms = 0, itl_p50_ms = 0, itl_p99_ms = 0;
   double roofline_tps = 0;
+  // Steps that only decode, with every stream running: their mean time against the roofline
+  // step time (B / roofline_tps), so prefill sharing the time does not hide decode efficiency.
+  double decode_step_ms = 0;
+  int64_t decode_steps = 0;
   const char* bound = "";
 };
 
@@ -70,6 +74,7 @@ Level run_level(DeepseekModel& model, int concurrency, const Args& a, double ban
     return r;
   };
   const int64_t total = static_cast<int64_t>(concurrency) * a.requests_per_stream;
+  Level L;
   std::map<uint64_t, Clock::time_point> sent, last_token;
   std::vector<double> ttft, itl;
   int64_t submitted = 0, finished = 0, tokens = 0;
@@ -84,9 +89,16 @@ Level run_level(DeepseekModel& model, int concurrency, const Args& a, double ban
   };
   const auto start = Clock::now();
   for (int i = 0; i < concurrency; ++i) submit();
+  double decode_ms_sum = 0;
   while ((*engine)->has_work()) {
+    const int64_t prompt_before = (*engine)->stats().prompt_tokens_computed;
+    const auto step_start = Clock::now();
     auto outs = (*engine)->step();
     const auto now = Clock::now();
+    if ((*engine)->stats().prompt_tokens_computed == prompt_before && static_cast<int>(outs.size()) == concurrency) {
+      decode_ms_sum += ms(now - step_start);
+      ++L.decode_steps;
+    }
     for (const RequestOutput& o : outs) {
       if (o.new_tokens.empty()) continue;
       tokens += static_cast<int64_t>(o.new_tokens.size());
@@ -100,7 +112,6 @@ Level run_level(DeepseekModel& model, int concurrency, const Args& a, double ban
       }
     }
   }
-  Level L;
   L.concurrency = concurrency;
   L.requests = finished;
   L.output_tokens = tokens;
@@ -125,6 +136,7 @@ Level run_level(DeepseekModel& model, int concurrency, const Args& a, double ban
   const double t_mem = bytes / bandwidth, t_flops = flops / bf16_peak;
   L.roofline_tps = B / std::max(t_mem, t_flops);
   L.bound = t_mem >= t_flops ? "memory" : "compute";
+  L.decode_step_ms = L.decode_steps ? decode_ms_sum / L.decode_steps : 0;
   return L;
 }
 
@@ -176,21 +188,27 @@ int main(int argc, char** argv) {
 
   std::vector<Level> levels;
   for (int c : a.concurrency) levels.push_back(run_level(model, c, a, bandwidth, bf16_peak));
+  // decode-step efficiency: roofline step time over the measured pure-decode step time
+  auto decode_pct = [](const Level& L) {
+    return L.decode_step_ms > 0 ? 100.0 * (1000.0 * L.concurrency / L.roofline_tps) / L.decode_step_ms : 0.0;
+  };
   if (a.markdown) {
     for (const Level& L : levels)
-      std::printf("| %s | %d | %d | %ld | %.1f | %.2f | %.0f / %.0f | %.0f / %.0f | %.1f (%s) | %.0f%% |\n",
+      std::printf("| %s | %d | %d | %ld | %.1f | %.2f | %.0f / %.0f | %.0f / %.0f | %.1f (%s) | %.0f%% | %.0f / %.0f | %.0f%% |\n",
                   a.model.c_str(), a.threads, L.concurrency, L.requests, L.output_tps, L.per_stream_tps, L.ttft_p50_ms,
                   L.ttft_p99_ms, L.itl_p50_ms, L.itl_p99_ms, L.roofline_tps, L.bound,
-                  100.0 * L.output_tps / L.roofline_tps);
+                  100.0 * L.output_tps / L.roofline_tps, L.decode_step_ms, 1000.0 * L.concurrency / L.roofline_tps,
+                  decode_pct(L));
   } else {
     std::printf("%s, %d threads, prompt %ld + output %ld tokens; bandwidth %.1f GB/s, bf16 peak %.0f GFLOPS\n",
                 a.model.c_str(), a.threads, a.prompt_tokens, a.output_tokens, bandwidth / 1e9, bf16_peak / 1e9);
-    std::printf("%11s %8s %10s %10s %17s %17s %22s %6s\n", "concurrency", "requests", "out tok/s", "tok/s/strm",
-                "TTFT p50/p99 ms", "ITL p50/p99 ms", "step roofline tok/s", "%");
+    std::printf("%11s %8s %10s %10s %17s %17s %22s %6s %22s %6s\n", "concurrency", "requests", "out tok/s", "tok/s/strm",
+                "TTFT p50/p99 ms", "ITL p50/p99 ms", "step roofline tok/s", "%", "decode step / roof ms", "%");
     for (const Level& L : levels)
-      std::printf("%11d %8ld %10.1f %10.2f %8.0f /%7.0f %8.0f /%7.0f %14.1f (%s) %5.0f%%\n", L.concurrency, L.requests,
-                  L.output_tps, L.per_stream_tps, L.ttft_p50_ms, L.ttft_p99_ms, L.itl_p50_ms, L.itl_p99_ms,
-                  L.roofline_tps, L.bound, 100.0 * L.output_tps / L.roofline_tps);
+      std::printf("%11d %8ld %10.1f %10.2f %8.0f /%7.0f %8.0f /%7.0f %14.1f (%s) %5.0f%% %11.0f /%8.0f %5.0f%%\n",
+                  L.concurrency, L.requests, L.output_tps, L.per_stream_tps, L.ttft_p50_ms, L.ttft_p99_ms, L.itl_p50_ms,
+                  L.itl_p99_ms, L.roofline_tps, L.bound, 100.0 * L.output_tps / L.roofline_tps, L.decode_step_ms,
+                  1000.0 * L.concurrency / L.roofline_tps, decode_pct(L));
   }
   return 0;
 }
