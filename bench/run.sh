@@ -86,6 +86,33 @@ spec_benchmarks() {
 }
 spec_rows=$(spec_benchmarks)
 
+# moat serve over HTTP (bench/serve_bench.sh: moat bench against moat serve on the bench
+# checkpoint, the engine_bench workload: 2 requests per stream), and the HTTP overhead against
+# the engine_bench rows above. SERVE=0 skips it (the checkpoint loads a second time: minutes).
+serve_rows=""
+if [[ "${SERVE:-1}" != 0 && -f checkpoints/bench/config.json ]]; then
+  cmake --build "$BUILD_DIR" --target moat -j2 >/dev/null
+  serve_dir=$(mktemp -d)
+  serve_rows=$(BUILD_DIR="$BUILD_DIR" MODEL=checkpoints/bench CONCURRENCY="$ENGINE_CONCURRENCY" PROMPTS_PER_STREAM=2 \
+               OUT_DIR="$serve_dir" SERVE_ARGS="--threads $ENGINE_THREADS" bench/serve_bench.sh 2>/dev/null)
+  overhead=$(python3 - "$serve_dir/bench_serve.json" <<PY
+import json, sys
+serve = {r["concurrency"]: r["output_tps"] for r in json.load(open(sys.argv[1]))}
+engine = {}
+for line in """$engine_rows""".splitlines():
+    f = [x.strip() for x in line.split("|")]
+    if len(f) > 6 and f[3].isdigit():
+        engine[int(f[3])] = float(f[5])
+print("| concurrency | engine core output tok/s | moat serve output tok/s | serve / engine |")
+print("|---|---|---|---|")
+for c in sorted(serve):
+    if c in engine:
+        print(f"| {c} | {engine[c]:.1f} | {serve[c]:.1f} | {serve[c] / engine[c]:.2f} |")
+PY
+)
+  rm -rf "$serve_dir"
+fi
+
 {
   echo "# Benchmarks"
   echo
@@ -177,5 +204,20 @@ spec_rows=$(spec_benchmarks)
   echo "step is bandwidth-bound and the guesses are cheap and right."
   echo
   echo "$spec_rows"
+  if [[ -n "$serve_rows" ]]; then
+    echo
+    echo "## moat serve over HTTP"
+    echo
+    echo "bench/serve_bench.sh: \`moat bench\` against \`moat serve --threads $ENGINE_THREADS\` on the bench checkpoint"
+    echo "(a tokenizer from the test data linked beside it), random prompts of exactly 128 tokens, 64 output tokens"
+    echo "(ignore_eos), two requests per stream as bench/engine_bench: the same workload through HTTP, SSE streaming"
+    echo "and detokenization. TTFT and ITL here are measured by the client."
+    echo
+    echo "$serve_rows"
+    echo
+    echo "HTTP overhead: output tok/s of the server against the engine core alone (the table above), same run."
+    echo
+    echo "$overhead"
+  fi
 } > "$OUT"
 echo "wrote $OUT"

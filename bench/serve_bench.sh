@@ -7,9 +7,11 @@
 #   bench/serve_bench.sh                                   (the full sweep: run it on an idle machine)
 #   CONCURRENCY=1,4 NUM_PROMPTS=4 OUTPUT_LEN=16 bench/serve_bench.sh   (a smoke run)
 # Environment: BUILD_DIR (build), MODEL (checkpoints/bench), CONCURRENCY (1,4,16,64), INPUT_LEN (128),
-# OUTPUT_LEN (64), NUM_PROMPTS (moat bench's default: max(16, 4 x concurrency)), OUT_DIR (.),
+# OUTPUT_LEN (64), NUM_PROMPTS (moat bench's default: max(16, 4 x concurrency)), PROMPTS_PER_STREAM
+# (instead: one run per concurrency of that many prompts per stream, as bench/engine_bench), OUT_DIR (.),
 # TOKENIZER_DIR (for a checkpoint without a tokenizer), SERVE_ARGS (extra `moat serve` flags, e.g. "--threads 2 --max-num-seqs 64").
-# Writes $OUT_DIR/bench_serve.json and $OUT_DIR/bench_serve.png.
+# Writes $OUT_DIR/bench_serve.json and $OUT_DIR/bench_serve.png (the plot: one moat bench run over
+# all concurrencies, so not with PROMPTS_PER_STREAM).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -18,6 +20,7 @@ CONCURRENCY=${CONCURRENCY:-1,4,16,64}
 INPUT_LEN=${INPUT_LEN:-128}
 OUTPUT_LEN=${OUTPUT_LEN:-64}
 NUM_PROMPTS=${NUM_PROMPTS:-}
+PROMPTS_PER_STREAM=${PROMPTS_PER_STREAM:-}
 OUT_DIR=${OUT_DIR:-.}
 SERVE_ARGS=${SERVE_ARGS:-}
 moat=$BUILD_DIR/moat
@@ -79,10 +82,29 @@ done
 
 mkdir -p "$OUT_DIR"
 json=$OUT_DIR/bench_serve.json
-args=(--base-url "http://127.0.0.1:$port" --concurrency "$CONCURRENCY" --input-len "$INPUT_LEN"
-      --output-len "$OUTPUT_LEN" --tokenizer "$serve_dir" --json "$json" --plot "$OUT_DIR/bench_serve.png" --no-progress)
-[[ -n "$NUM_PROMPTS" ]] && args+=(--num-prompts "$NUM_PROMPTS")
-"$moat" bench "${args[@]}" >&2
+args=(--base-url "http://127.0.0.1:$port" --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --tokenizer "$serve_dir"
+      --no-progress)
+if [[ -n "$PROMPTS_PER_STREAM" ]]; then
+  # one moat bench run per concurrency with PROMPTS_PER_STREAM x concurrency prompts: the workload
+  # of bench/engine_bench (two requests per stream), so the two tables compare as HTTP vs none
+  parts=()
+  for c in ${CONCURRENCY//,/ }; do
+    "$moat" bench "${args[@]}" --concurrency "$c" --num-prompts $((c * PROMPTS_PER_STREAM)) --json "$json.$c" >&2
+    parts+=("$json.$c")
+  done
+  python3 - "$json" "${parts[@]}" <<'PY'
+import json, sys
+records = []
+for f in sys.argv[2:]:
+    records += json.load(open(f))
+json.dump(records, open(sys.argv[1], "w"), indent=1)
+PY
+  rm -f "${parts[@]}"
+else
+  args+=(--concurrency "$CONCURRENCY" --json "$json" --plot "$OUT_DIR/bench_serve.png")
+  [[ -n "$NUM_PROMPTS" ]] && args+=(--num-prompts "$NUM_PROMPTS")
+  "$moat" bench "${args[@]}" >&2
+fi
 
 python3 - "$json" "$MODEL" <<'PY'
 import json, sys
