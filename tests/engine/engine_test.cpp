@@ -12,6 +12,7 @@
 #include <map>
 
 #include "engine/engine.h"
+#include "run_engine.h"
 
 namespace moat {
 namespace {
@@ -51,27 +52,8 @@ class EngineTest : public ::testing::Test {
     return r;
   }
 
-  struct Finished {
-    std::vector<int32_t> tokens;
-    std::string text;
-    RequestOutput last;
-  };
-  // Steps until every request finishes; checks the block pool after every step.
-  static std::map<uint64_t, Finished> run(Engine& e) {
-    std::map<uint64_t, Finished> done;
-    for (int steps = 0; e.has_work(); ++steps) {
-      EXPECT_LT(steps, 10000) << "no progress";
-      for (RequestOutput& out : e.step()) {
-        Finished& f = done[out.id];
-        f.tokens.insert(f.tokens.end(), out.new_tokens.begin(), out.new_tokens.end());
-        f.text += out.text;
-        if (out.finished) f.last = out;
-      }
-      e.scheduler().check_invariants();
-    }
-    EXPECT_EQ(e.scheduler().block_pool().num_used(), 0) << "blocks still held after every request finished";
-    return done;
-  }
+  using Finished = testing::Finished;
+  static std::map<uint64_t, Finished> run(Engine& e) { return testing::run_to_completion(e); }
 
   const std::vector<std::string> prompts_ = {
       "The meaning of life is", "A computer is",

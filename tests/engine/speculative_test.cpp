@@ -11,6 +11,7 @@
 #include <random>
 
 #include "engine/engine.h"
+#include "run_engine.h"
 #include "spec/draft_proposer.h"
 #include "spec/ngram_proposer.h"
 
@@ -58,28 +59,8 @@ class SpeculativeTest : public ::testing::Test {
     return r;
   }
 
-  struct Finished {
-    std::vector<int32_t> tokens;
-    std::vector<float> logprobs;
-    std::string text;
-    RequestOutput last;
-  };
-  static std::map<uint64_t, Finished> run(Engine& e) {
-    std::map<uint64_t, Finished> done;
-    for (int steps = 0; e.has_work(); ++steps) {
-      EXPECT_LT(steps, 10000) << "no progress";
-      for (RequestOutput& out : e.step()) {
-        Finished& f = done[out.id];
-        f.tokens.insert(f.tokens.end(), out.new_tokens.begin(), out.new_tokens.end());
-        for (const SampledToken& s : out.logprobs) f.logprobs.push_back(s.logprob);
-        f.text += out.text;
-        if (out.finished) f.last = out;
-      }
-      e.scheduler().check_invariants();
-    }
-    EXPECT_EQ(e.scheduler().block_pool().num_used(), 0) << "blocks still held after every request finished";
-    return done;
-  }
+  using Finished = testing::Finished;
+  static std::map<uint64_t, Finished> run(Engine& e) { return testing::run_to_completion(e); }
 
   // What plain decoding generates for each request, by prompt.
   static std::vector<Finished> plain(const std::vector<GenerateRequest>& requests) {
