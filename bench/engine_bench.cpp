@@ -8,7 +8,7 @@
 //   the larger of bytes / bandwidth and FLOPs / bf16 peak; the roofline is B / that time.
 //
 //   engine_bench --model DIR [--threads N] [--concurrency 1,4,16,64] [--prompt-tokens 128]
-//                [--output-tokens 64] [--requests-per-stream 2] [--markdown]
+//                [--output-tokens 64] [--requests-per-stream 2] [--max-num-batched-tokens N] [--markdown]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -34,6 +34,7 @@ struct Args {
   std::vector<int> concurrency = {1, 4, 16, 64};
   int64_t prompt_tokens = 128, output_tokens = 64;
   int requests_per_stream = 2;
+  int64_t max_num_batched_tokens = 0;  // 0: the engine's default
   bool markdown = false;
 };
 
@@ -56,6 +57,7 @@ Level run_level(DeepseekModel& model, int concurrency, const Args& a, double ban
   EngineConfig cfg;
   cfg.max_model_len = a.prompt_tokens + a.output_tokens;
   cfg.max_num_seqs = concurrency;
+  if (a.max_num_batched_tokens > 0) cfg.max_num_batched_tokens = a.max_num_batched_tokens;
   cfg.kv_memory_bytes = model.cache_shape().bytes_per_token() * cfg.max_model_len * concurrency * 5 / 4 + (64 << 20);
   auto engine = Engine::create(model, cfg);
   if (!engine) {
@@ -158,6 +160,7 @@ int main(int argc, char** argv) {
     else if (s == "--prompt-tokens") a.prompt_tokens = std::stoll(next());
     else if (s == "--output-tokens") a.output_tokens = std::stoll(next());
     else if (s == "--requests-per-stream") a.requests_per_stream = std::stoi(next());
+    else if (s == "--max-num-batched-tokens") a.max_num_batched_tokens = std::stoll(next());
     else if (s == "--markdown") a.markdown = true;
     else if (s == "--concurrency") {
       a.concurrency.clear();
@@ -192,10 +195,12 @@ int main(int argc, char** argv) {
   auto decode_pct = [](const Level& L) {
     return L.decode_step_ms > 0 ? 100.0 * (1000.0 * L.concurrency / L.roofline_tps) / L.decode_step_ms : 0.0;
   };
+  const std::string label =
+      a.max_num_batched_tokens > 0 ? a.model + " (budget " + std::to_string(a.max_num_batched_tokens) + ")" : a.model;
   if (a.markdown) {
     for (const Level& L : levels)
       std::printf("| %s | %d | %d | %ld | %.1f | %.2f | %.0f / %.0f | %.0f / %.0f | %.1f (%s) | %.0f%% | %.0f / %.0f | %.0f%% |\n",
-                  a.model.c_str(), a.threads, L.concurrency, L.requests, L.output_tps, L.per_stream_tps, L.ttft_p50_ms,
+                  label.c_str(), a.threads, L.concurrency, L.requests, L.output_tps, L.per_stream_tps, L.ttft_p50_ms,
                   L.ttft_p99_ms, L.itl_p50_ms, L.itl_p99_ms, L.roofline_tps, L.bound,
                   100.0 * L.output_tps / L.roofline_tps, L.decode_step_ms, 1000.0 * L.concurrency / L.roofline_tps,
                   decode_pct(L));
