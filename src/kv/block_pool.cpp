@@ -39,6 +39,15 @@ void BlockPool::forget_hash(int32_t b) {
   hash_of_[b].reset();
 }
 
+bool BlockPool::extend(std::vector<int32_t>& table, int64_t rows) {
+  while (static_cast<int64_t>(table.size()) * block_size_ < rows) {
+    auto b = allocate();
+    if (!b) return false;
+    table.push_back(*b);
+  }
+  return true;
+}
+
 std::optional<int32_t> BlockPool::allocate() {
   if (head_ < 0) return std::nullopt;
   const int32_t b = head_;

@@ -37,6 +37,9 @@ class BlockPool {
   // Drops one reference; at 0 the block joins the back of the free queue (its cached prefix
   // stays findable until the block is allocated again).
   void release(int32_t block);
+  // Appends allocated blocks to `table` until it covers `rows` rows; false when the pool runs
+  // out first (the blocks taken so far stay in the table).
+  bool extend(std::vector<int32_t>& table, int64_t rows);
 
   // The hash of a full block whose parent (the block before it in the sequence) hashed to
   // `parent` (0 for the first block).

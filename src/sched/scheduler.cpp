@@ -43,14 +43,7 @@ Request* Scheduler::find(uint64_t id) {
   return it == requests_.end() ? nullptr : it->second.get();
 }
 
-bool Scheduler::grow_blocks(Request& r, int64_t rows) {
-  while (static_cast<int64_t>(r.block_table.size()) < blocks_for(rows)) {
-    auto b = pool_.allocate();
-    if (!b) return false;
-    r.block_table.push_back(*b);
-  }
-  return true;
-}
+bool Scheduler::grow_blocks(Request& r, int64_t rows) { return pool_.extend(r.block_table, rows); }
 
 void Scheduler::release_blocks(Request& r) {
   // Last blocks first: they join the free queue ahead of the prefix, so a later allocation

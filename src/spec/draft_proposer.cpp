@@ -27,16 +27,6 @@ DraftModelProposer::DraftModelProposer(DeepseekModel& draft, int32_t num_blocks,
       pool_(num_blocks, block_size),
       guesses_(draft.ops()) {}
 
-bool DraftModelProposer::grow(State& s, int64_t rows) {
-  const int64_t bs = pool_.block_size();
-  while (static_cast<int64_t>(s.blocks.size()) * bs < rows) {
-    auto b = pool_.allocate();
-    if (!b) return false;
-    s.blocks.push_back(*b);
-  }
-  return true;
-}
-
 void DraftModelProposer::release(uint64_t request_id) {
   auto it = states_.find(request_id);
   if (it == states_.end()) return;
@@ -57,7 +47,7 @@ void DraftModelProposer::propose(std::span<const ProposeRequest> requests) {
     State& s = states_[r.id];
     s.valid = std::min(s.valid, r.num_computed_tokens);
     // rows for every token and all but the last draft (the last is never fed back)
-    if (!grow(s, r.length() + pr.max_tokens - 1)) continue;  // draft cache full: no guess this time
+    if (!pool_.extend(s.blocks, r.length() + pr.max_tokens - 1)) continue;  // draft cache full: no guess this time
     order.push_back(&pr);
   }
   std::stable_sort(order.begin(), order.end(),

@@ -43,8 +43,6 @@ class DraftModelProposer final : public Proposer {
     std::vector<int32_t> blocks;
     int64_t valid = 0;  // positions [0, valid) hold the draft's rows of the request's tokens
   };
-  // Blocks for `rows` rows; false (nothing allocated beyond what fits) when the pool is full.
-  bool grow(State& s, int64_t rows);
 
   DeepseekModel& model_;
   PagedLatentCache cache_;
