@@ -6,11 +6,19 @@
 
 namespace moat {
 
-WeightSpec deepseek_v3_weight_spec(const ModelConfig& c) {
+namespace {
+// A table for this config with no tensors yet, its expert counts set.
+WeightSpec empty_spec(const ModelConfig& c) {
   WeightSpec spec;
   spec.config = c;
   spec.routed_experts = c.n_routed_experts;
   spec.experts_per_token = c.n_routed_experts > 0 ? c.num_experts_per_tok : 0;
+  return spec;
+}
+}  // namespace
+
+WeightSpec deepseek_v3_weight_spec(const ModelConfig& c) {
+  WeightSpec spec = empty_spec(c);
   const int64_t H = c.hidden_size, V = c.vocab_size;
   auto& t = spec.tensors;
   t.push_back({"model.embed_tokens.weight", {V, H}, TensorStorage::matrix_no_quant, -1, Part::embedding, Role::weight,
@@ -39,10 +47,7 @@ Result<WeightSpec> deepseek_v3_mtp_weight_spec(const ModelConfig& c) {
     return make_error("this checkpoint has no MTP layer (config.json num_nextn_predict_layers is {}); "
                       "--speculative mtp needs one",
                       c.num_nextn_predict_layers);
-  WeightSpec spec;
-  spec.config = c;
-  spec.routed_experts = c.n_routed_experts;
-  spec.experts_per_token = c.n_routed_experts > 0 ? c.num_experts_per_tok : 0;
+  WeightSpec spec = empty_spec(c);
   const int64_t H = c.hidden_size, V = c.vocab_size;
   const std::string p = "model.layers." + std::to_string(c.num_hidden_layers) + ".";
   using S = TensorStorage;

@@ -204,6 +204,11 @@ void Sampler::sample(float* logits, int64_t R, int64_t vocab, std::span<const Sa
     ops_->sample_from_probs(probs_.data(), S, vocab, u_.data(), tokens_.data());
     for (int64_t s = 0; s < S; ++s) out[which_[s]].token = tokens_[s];
   }
+  chosen_logprobs(logits, R, vocab, rows, out);
+}
+
+void Sampler::chosen_logprobs(const float* logits, int64_t R, int64_t vocab, std::span<const SamplingRow> rows,
+                              std::span<SampledToken> out) const {
   for (int64_t r = 0; r < R; ++r)
     out[r].logprob = rows[r].params->wants_logprobs() ? (logits[r * vocab + out[r].token] - row_max_[r]) - log_sum_[r] : NAN;
 }
@@ -223,10 +228,8 @@ void Sampler::logprobs(const float* logits, int64_t R, int64_t vocab, std::span<
                  static_cast<int64_t>(out.size()) >= R,
              "{} logit rows, {} sampling rows, {} tokens, {} outputs", R, rows.size(), tokens.size(), out.size());
   fill_logprobs(logits, R, vocab, rows, out);
-  for (int64_t r = 0; r < R; ++r) {
-    out[r].token = tokens[r];
-    out[r].logprob = rows[r].params->wants_logprobs() ? (logits[r * vocab + tokens[r]] - row_max_[r]) - log_sum_[r] : NAN;
-  }
+  for (int64_t r = 0; r < R; ++r) out[r].token = tokens[r];
+  chosen_logprobs(logits, R, vocab, rows, out);
 }
 
 float* Sampler::writable_row(const float* logits, int64_t vocab, const SamplingParams& params) {

@@ -108,6 +108,9 @@ class Sampler {
   // Step 3 for the rows that ask.
   void fill_logprobs(const float* logits, int64_t R, int64_t vocab, std::span<const SamplingRow> rows,
                      std::span<SampledToken> out);
+  // out[r].logprob of out[r].token, from the max and log-sum fill_logprobs left (rows that ask).
+  void chosen_logprobs(const float* logits, int64_t R, int64_t vocab, std::span<const SamplingRow> rows,
+                       std::span<SampledToken> out) const;
   // Step 4's distributions for rows `which` (indices into rows), into probs [which.size(), vocab].
   void distributions(const float* logits, int64_t vocab, std::span<const SamplingRow> rows,
                      std::span<const int64_t> which, float* probs);
