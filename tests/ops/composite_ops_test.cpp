@@ -24,6 +24,7 @@
 #include "base/weight.h"
 #include "ops/dispatch.h"
 #include "ops/registry.h"
+#include "parity.h"
 
 namespace moat::ops {
 namespace {
@@ -31,22 +32,8 @@ namespace {
 constexpr double kExact = 1e-4;
 constexpr double kBf16 = 2e-2;
 
-double normalized_error(const std::vector<float>& out, const std::vector<float>& ref) {
-  double max_diff = 0.0, max_ref = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (std::isnan(out[i]) != std::isnan(ref[i])) return INFINITY;
-    max_diff = std::max(max_diff, std::fabs(static_cast<double>(out[i]) - ref[i]));
-    max_ref = std::max(max_ref, std::fabs(static_cast<double>(ref[i])));
-  }
-  return max_ref > 0 ? max_diff / max_ref : max_diff;
-}
-
-std::vector<float> randn(size_t n, std::mt19937& rng, float stddev = 1.0f) {
-  std::normal_distribution<float> dist(0.0f, stddev);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using testing::normalized_error;
+using testing::randn;
 
 // A weight in its stored dtype; owns its bytes (the WeightMatrix points into them).
 struct OwnedWeight {

@@ -19,6 +19,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "ops/dispatch.h"
 #include "ops/registry.h"
+#include "parity.h"
 
 namespace moat::ops {
 namespace {
@@ -62,22 +63,8 @@ Fn cuda_fn(OpId op) {
   return reinterpret_cast<Fn>(Registry::global().kernels(op, Backend::cuda).front()->fn);
 }
 
-double normalized_error(const std::vector<float>& out, const std::vector<float>& ref) {
-  double d = 0, m = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (std::isnan(out[i]) != std::isnan(ref[i])) return INFINITY;
-    d = std::max(d, std::fabs(static_cast<double>(out[i]) - ref[i]));
-    m = std::max(m, std::fabs(static_cast<double>(ref[i])));
-  }
-  return m > 0 ? d / m : d;
-}
-
-std::vector<float> randn(size_t n, std::mt19937& rng, float sd = 1.0f) {
-  std::normal_distribution<float> dist(0.0f, sd);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using testing::normalized_error;
+using testing::randn;
 
 TEST(CudaOpsRegistry, EveryOpHasACudaKernel) {
   for (int i = 0; i < kNumOps; ++i)
