@@ -19,6 +19,7 @@
 #include "server/protocol.h"
 #include "server/server.h"
 #include "k3_nano_model.h"
+#include "server_fixture.h"
 
 namespace moat::server {
 namespace {
@@ -66,21 +67,9 @@ struct LoadServer {
     server->stop();
     thread.join();
   }
-  std::unique_ptr<httplib::Client> client() const {
-    auto c = std::make_unique<httplib::Client>("127.0.0.1", server->port());
-    c->set_read_timeout(300, 0);
-    c->set_connection_timeout(30, 0);
-    return c;
-  }
+  std::unique_ptr<httplib::Client> client() const { return testing::make_client(*server, 300, 30); }
   // Waits (up to two minutes) until the engine holds no request and no KV block.
-  bool wait_engine_idle() const {
-    for (int i = 0; i < 1200; ++i) {
-      const EngineSnapshot s = engine->snapshot();
-      if (s.running == 0 && s.waiting == 0 && s.kv_blocks_used == 0 && server->in_flight() == 0) return true;
-      std::this_thread::sleep_for(100ms);
-    }
-    return false;
-  }
+  bool wait_engine_idle() const { return testing::wait_engine_idle(*engine, *server, std::chrono::minutes(2)); }
 };
 
 LoadServer& load_server() {

@@ -14,6 +14,7 @@
 #include "server/protocol.h"
 #include "server/server.h"
 #include "k3_nano_model.h"
+#include "server_fixture.h"
 
 namespace moat::server {
 namespace {
@@ -67,20 +68,10 @@ struct TestServer {
     thread.join();
   }
   std::unique_ptr<httplib::Client> client(int read_timeout_s = 120) const {
-    auto c = std::make_unique<httplib::Client>("127.0.0.1", server->port());
-    c->set_read_timeout(read_timeout_s, 0);
-    c->set_connection_timeout(10, 0);
-    return c;
+    return testing::make_client(*server, read_timeout_s, 10);
   }
   // Waits (up to a minute) until the engine holds no request and no KV block.
-  bool wait_engine_idle() const {
-    for (int i = 0; i < 600; ++i) {
-      const EngineSnapshot s = engine->snapshot();
-      if (s.running == 0 && s.waiting == 0 && s.kv_blocks_used == 0 && server->in_flight() == 0) return true;
-      std::this_thread::sleep_for(100ms);
-    }
-    return false;
-  }
+  bool wait_engine_idle() const { return testing::wait_engine_idle(*engine, *server, std::chrono::minutes(1)); }
 };
 
 TestServer& main_server() {
