@@ -12,6 +12,7 @@
 #include <utility>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 namespace moat {
 
@@ -28,6 +29,7 @@ const std::vector<Family>& families() {
   static const std::vector<Family> kFamilies = {
       {"DeepseekV3ForCausalLM", {"deepseek_v3", "kimi_k2"}},
       {"DeepseekV2ForCausalLM", {"deepseek_v2"}},
+      {"KimiLinearForCausalLM", {"kimi_linear"}},
   };
   return kFamilies;
 }
@@ -65,6 +67,28 @@ ModelConfig family_defaults(std::string_view architecture) {
     c.max_position_embeddings = 4096;
     c.bos_token_id = 0;
     c.eos_token_ids = {1};
+  } else if (architecture == "KimiLinearForCausalLM") {
+    // KimiLinearConfig's defaults (moonshotai/Kimi-Linear-48B-A3B-Instruct configuration_kimi.py):
+    // no MoE, MLA sizes unset (the file always gives them), sigmoid noaux_tc routing when MoE.
+    c.intermediate_size = 11008;
+    c.moe_intermediate_size = 0;
+    c.num_key_value_heads = 0;  // "as many as the attention heads", set after parsing
+    c.num_nextn_predict_layers = 0;
+    c.q_lora_rank.reset();
+    c.n_routed_experts = 0;
+    c.n_shared_experts = 0;
+    c.num_experts_per_tok = 0;
+    c.n_group = 1;
+    c.topk_group = 1;
+    c.first_k_dense_replace = 0;
+    c.moe_layer_freq = 1;
+    c.routed_scaling_factor = 1.0;
+    c.norm_topk_prob = true;  // moe_renormalize
+    c.topk_method = "noaux_tc";
+    c.scoring_func = "sigmoid";  // moe_router_activation_func
+    c.max_position_embeddings = 4096;
+    c.bos_token_id = 1;
+    c.eos_token_ids = {2};
   } else {  // DeepseekV2ForCausalLM
     c.intermediate_size = 11008;
     c.moe_intermediate_size = 1407;
@@ -224,6 +248,70 @@ Result<QuantizationConfig> parse_quantization(const json& j) {
   return q;
 }
 
+// Kimi Linear's spellings of the MoE fields, its MLA switch and linear_attn_config.
+Status read_kimi_linear_fields(const json& j, ModelConfig& c) {
+  auto read_nullable = [&](const char* key, int64_t* out, int64_t if_null) -> Status {
+    if (auto it = j.find(key); it != j.end() && it->is_null()) {
+      *out = if_null;
+      return ok_status();
+    }
+    return read_int(j, key, out);
+  };
+  MOAT_TRY(read_nullable("num_experts", &c.n_routed_experts, 0));
+  MOAT_TRY(read_nullable("num_experts_per_token", &c.num_experts_per_tok, 0));
+  MOAT_TRY(read_nullable("num_shared_experts", &c.n_shared_experts, 0));
+  MOAT_TRY(read_nullable("moe_intermediate_size", &c.moe_intermediate_size, 0));
+  MOAT_TRY(read_bool(j, "moe_renormalize", &c.norm_topk_prob));
+  MOAT_TRY(read_string(j, "moe_router_activation_func", &c.scoring_func));
+  bool grouped = true;
+  MOAT_TRY(read_bool(j, "use_grouped_topk", &grouped));
+  MOAT_TRY(read_nullable("num_expert_group", &c.n_group, 1));
+  MOAT_TRY(read_nullable("topk_group", &c.topk_group, 1));
+  if (!grouped) c.n_group = c.topk_group = 1;  // plain top-k over all experts
+  // The router selects with e_score_correction_bias and weights by the unbiased sigmoid scores
+  // (vLLM and sglang; ../shared/K3.md): DeepSeek-V3's noaux_tc. A softmax router has no bias.
+  if (c.scoring_func == "softmax") c.topk_method = grouped && c.n_group > 1 ? "group_limited_greedy" : "greedy";
+  MOAT_TRY(read_bool(j, "mla_use_nope", &c.mla_use_nope));
+  bool output_gate = false;
+  MOAT_TRY(read_bool(j, "mla_use_output_gate", &output_gate));
+  if (output_gate)
+    return make_error("config field 'mla_use_output_gate': true is Kimi K3's gated MLA, which moat does not run yet");
+  for (const char* key : {"attn_res_block_size", "routed_expert_hidden_size", "activation_situ_beta"})
+    if (auto it = j.find(key); it != j.end() && !it->is_null())
+      return make_error("config field '{}': Kimi K3's text model (attention residuals, latent MoE, SiTU) is not "
+                        "supported yet; moat runs Kimi Linear (KimiLinearForCausalLM without these fields)",
+                        key);
+  std::string act = "silu";
+  MOAT_TRY(read_string(j, "hidden_act", &act));
+  if (act != "silu") return make_error("config field 'hidden_act': expected \"silu\", got \"{}\"", act);
+
+  auto it = j.find("linear_attn_config");
+  if (it == j.end() || it->is_null()) return ok_status();  // every layer MLA
+  if (!it->is_object())
+    return make_error("config field 'linear_attn_config': expected an object, got {}", it->dump());
+  LinearAttentionConfig la;
+  for (const char* key : {"num_heads", "head_dim", "kda_layers", "full_attn_layers"})
+    if (!it->contains(key) || (*it)[key].is_null())
+      return make_error("config field 'linear_attn_config.{}' is missing: it is required", key);
+  MOAT_TRY(read_int(*it, "num_heads", &la.num_heads, "linear_attn_config."));
+  MOAT_TRY(read_int(*it, "head_dim", &la.head_dim, "linear_attn_config."));
+  MOAT_TRY(read_int(*it, "short_conv_kernel_size", &la.short_conv_kernel_size, "linear_attn_config."));
+  for (auto [key, out] : {std::pair<const char*, std::vector<int64_t>*>{"kda_layers", &la.kda_layers},
+                          {"full_attn_layers", &la.full_attn_layers}}) {
+    const json& list = (*it)[key];
+    if (!list.is_array())
+      return make_error("config field 'linear_attn_config.{}': expected a list of 1-based layer ids, got {}", key,
+                        list.dump());
+    for (const json& e : list) {
+      if (!e.is_number_integer())
+        return make_error("config field 'linear_attn_config.{}': expected integers, got {}", key, list.dump());
+      out->push_back(e.get<int64_t>());
+    }
+  }
+  c.linear_attn = std::move(la);
+  return ok_status();
+}
+
 Result<DType> parse_torch_dtype(const std::string& s) {
   if (s == "bfloat16") return DType::BF16;
   if (s == "float16" || s == "half") return DType::F16;
@@ -259,7 +347,12 @@ double parameter_count(const ModelConfig& c) {
                          static_cast<double>(c.n_routed_experts + c.n_shared_experts) +
                      h * static_cast<double>(c.n_routed_experts);
   const double layers = static_cast<double>(c.num_hidden_layers + c.num_nextn_predict_layers);
-  return 2 * static_cast<double>(c.vocab_size) * h + layers * (attention + std::max(dense, moe));
+  double kda = 0;
+  if (c.linear_attn) {  // q, k, v, o, gate and output-gate projections: ~6 x hidden x heads x head_dim per layer
+    const double width = static_cast<double>(c.linear_attn->num_heads) * static_cast<double>(c.linear_attn->head_dim);
+    kda = static_cast<double>(c.linear_attn->kda_layers.size()) * 6 * h * width;
+  }
+  return 2 * static_cast<double>(c.vocab_size) * h + layers * (attention + std::max(dense, moe)) + kda;
 }
 
 Status validate(const ModelConfig& c) {
@@ -386,6 +479,30 @@ Status validate(const ModelConfig& c) {
                           c.topk_method, reachable, c.num_experts_per_tok);
     }
   }
+  if (c.linear_attn) {
+    const LinearAttentionConfig& la = *c.linear_attn;
+    MOAT_TRY(positive("linear_attn_config.num_heads", la.num_heads));
+    MOAT_TRY(positive("linear_attn_config.head_dim", la.head_dim));
+    MOAT_TRY(positive("linear_attn_config.short_conv_kernel_size", la.short_conv_kernel_size));
+    MOAT_TRY(at_most("linear_attn_config.num_heads", la.num_heads, kMaxHeads));
+    MOAT_TRY(at_most("linear_attn_config.head_dim", la.head_dim, 4096));  // the state is head_dim^2 per head
+    MOAT_TRY(at_most("linear_attn_config.short_conv_kernel_size", la.short_conv_kernel_size, 64));
+    std::vector<int> kind(static_cast<size_t>(c.num_hidden_layers), 0);
+    for (auto [key, list, mark] : {std::tuple<const char*, const std::vector<int64_t>*, int>{"kda_layers", &la.kda_layers, 1},
+                                   {"full_attn_layers", &la.full_attn_layers, 2}}) {
+      for (int64_t id : *list) {
+        if (id < 1 || id > c.num_hidden_layers)
+          return make_error("config field 'linear_attn_config.{}': layer id {} outside 1..num_hidden_layers ({}); the "
+                            "ids are 1-based",
+                            key, id, c.num_hidden_layers);
+        int& k = kind[static_cast<size_t>(id - 1)];
+        if (k == mark) return make_error("config field 'linear_attn_config.{}': layer {} is listed twice", key, id);
+        if (k != 0)
+          return make_error("config field 'linear_attn_config': layer {} is in both kda_layers and full_attn_layers", id);
+        k = mark;
+      }
+    }
+  }
   if (const double n = parameter_count(c); n > kMaxParameters)
     return make_error("config: the sizes describe {:.3g} parameters, over {:.0e}: a size field is wrong "
                       "(hidden_size {}, num_hidden_layers {}, vocab_size {}, n_routed_experts {}, "
@@ -400,6 +517,24 @@ Status validate(const ModelConfig& c) {
 double yarn_get_mscale(double factor, double mscale) {
   if (factor <= 1.0) return 1.0;
   return 0.1 * mscale * std::log(factor) + 1.0;
+}
+
+bool ModelConfig::is_kda_layer(int64_t layer) const {
+  if (!linear_attn) return false;
+  const auto& ids = linear_attn->kda_layers;
+  return std::find(ids.begin(), ids.end(), layer + 1) != ids.end();
+}
+
+int64_t ModelConfig::num_kda_layers() const {
+  int64_t n = 0;
+  for (int64_t i = 0; i < num_hidden_layers; ++i) n += is_kda_layer(i);
+  return n;
+}
+
+int64_t ModelConfig::kda_state_floats_per_layer() const {
+  if (!linear_attn) return 0;
+  const int64_t width = linear_attn->num_heads * linear_attn->head_dim;
+  return 3 * (linear_attn->short_conv_kernel_size - 1) * width + linear_attn->num_heads * linear_attn->head_dim * linear_attn->head_dim;
 }
 
 double ModelConfig::softmax_scale() const {
@@ -460,6 +595,7 @@ Result<ModelConfig> parse_model_config(const nlohmann::json& j) {
   if (auto it = j.find("num_key_value_heads"); it != j.end() && it->is_null())
     c.num_key_value_heads = c.num_attention_heads;
   MOAT_TRY(read_int(j, "num_key_value_heads", &c.num_key_value_heads));
+  if (c.num_key_value_heads == 0) c.num_key_value_heads = c.num_attention_heads;  // Kimi Linear's default
 
   // q_lora_rank: null means no query compression (q = q_proj(x), as in V2-Lite).
   if (auto it = j.find("q_lora_rank"); it != j.end()) {
@@ -497,6 +633,11 @@ Result<ModelConfig> parse_model_config(const nlohmann::json& j) {
   MOAT_TRY(read_string(j, "topk_method", &c.topk_method));
   MOAT_TRY(read_string(j, "scoring_func", &c.scoring_func));
 
+  if (c.architecture == "KimiLinearForCausalLM") MOAT_TRY(read_kimi_linear_fields(j, c));
+
+  // Kimi Linear's config gives its context as model_max_length (no max_position_embeddings).
+  if (c.architecture == "KimiLinearForCausalLM" && !j.contains("max_position_embeddings"))
+    MOAT_TRY(read_int(j, "model_max_length", &c.max_position_embeddings));
   MOAT_TRY(read_int(j, "max_position_embeddings", &c.max_position_embeddings));
   MOAT_TRY(read_double(j, "rope_theta", &c.rope_theta));
   MOAT_TRY(read_double(j, "rms_norm_eps", &c.rms_norm_eps));

@@ -1,5 +1,8 @@
 // HF config.json -> a plain, validated struct for the DeepSeek-V2/V3 family (DeepSeek-V2,
-// V2-Lite, V3, Kimi K2). Every other module reads model facts only from here.
+// V2-Lite, V3, Kimi K2) and the Kimi Linear hybrid (KimiLinearForCausalLM: KDA layers among MLA
+// layers; ../shared/K3.md). Kimi Linear's own key names (num_experts, num_experts_per_token,
+// moe_renormalize, ...) are read into the DeepSeek-named fields they mean, so the rest of moat
+// sees one vocabulary. Every other module reads model facts only from here.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -33,9 +36,18 @@ struct QuantizationConfig {
   int64_t block_in = 128;    // weight_block_size[1]
 };
 
+// Kimi Linear's linear_attn_config: the Kimi Delta Attention layers and their sizes.
+struct LinearAttentionConfig {
+  int64_t num_heads = 0;
+  int64_t head_dim = 0;                // K = V per head
+  int64_t short_conv_kernel_size = 4;  // depthwise causal conv width on q, k, v
+  std::vector<int64_t> kda_layers;        // 1-based, as config.json writes them
+  std::vector<int64_t> full_attn_layers;  // 1-based; the MLA layers
+};
+
 struct ModelConfig {
-  std::string architecture;  // "DeepseekV3ForCausalLM" or "DeepseekV2ForCausalLM"
-  std::string model_type;    // "deepseek_v3", "kimi_k2", "deepseek_v2"
+  std::string architecture;  // "DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM", "KimiLinearForCausalLM"
+  std::string model_type;    // "deepseek_v3", "kimi_k2", "deepseek_v2", "kimi_linear"
 
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
@@ -73,6 +85,11 @@ struct ModelConfig {
   std::optional<RopeScaling> rope_scaling;
   std::optional<QuantizationConfig> quantization;
 
+  // Kimi Linear: KDA layers (absent: every layer is MLA) and MLA without rotary embedding (the
+  // rope-width slice of q and of the shared key is used unrotated).
+  std::optional<LinearAttentionConfig> linear_attn;
+  bool mla_use_nope = false;
+
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;  // config's eos_token_id, int or list
   DType torch_dtype = DType::BF16;
@@ -81,6 +98,14 @@ struct ModelConfig {
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   // Values cached per token per layer: the normed latent plus the shared rope key.
   int64_t kv_cache_dim() const { return kv_lora_rank + qk_rope_head_dim; }
+  // Layer `layer` (0-based) is Kimi Delta Attention iff layer + 1 is in kda_layers.
+  bool is_kda_layer(int64_t layer) const;
+  int64_t num_kda_layers() const;
+  int64_t num_mla_layers() const { return num_hidden_layers - num_kda_layers(); }
+  // Recurrent state one request keeps across all KDA layers, in fp32: per layer the conv inputs
+  // of q, k and v (3 x (width - 1) x heads x head_dim) and the state (heads x head_dim^2).
+  int64_t kda_state_floats_per_layer() const;
+  int64_t state_bytes_per_request() const { return num_kda_layers() * kda_state_floats_per_layer() * 4; }
   bool is_moe_layer(int64_t layer) const {
     return n_routed_experts > 0 && layer >= first_k_dense_replace &&
            layer % moe_layer_freq == 0;
