@@ -5,6 +5,7 @@
   tools/make_golden.py --only tiny_fp8
   tools/make_golden.py --model-dir models/k3-nano --name k3_nano [--text "..."]
   tools/make_golden.py --mtp-only           # golden_mtp.safetensors of the checkpoints with an MTP layer
+  tools/make_golden.py --only tiny_kimi_linear   # Kimi Linear (tools/reference_kimi.py), see golden_kimi
 
 Each tests/golden/<name>/ holds config.json + the checkpoint (random-weight configs only; for a
 shipped model the checkpoint stays in models/ and the metadata names it) and golden.safetensors:
@@ -27,8 +28,9 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from make_checkpoint import make, tensor_specs  # noqa: E402
+from make_checkpoint import PRESETS, kimi_tensor_specs, make, tensor_specs  # noqa: E402
 from reference_model import Config, DeepseekV3ForCausalLM, load_model  # noqa: E402
+import reference_kimi as rk  # noqa: E402
 from safetensors_io import entry, write_safetensors  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
@@ -67,6 +69,7 @@ CONFIGS = {
     "tiny_qlora": (TINY_QLORA, 1, False, 1, True),
     "tiny_v2lite": (TINY_V2LITE, 2, False, 1, False),
     "tiny_fp8": (TINY_QLORA, 3, True, 2, True),
+    "tiny_kimi_linear": (PRESETS["tiny_kimi_linear"], 4, False, 1, False),
 }
 
 TOL = {"logits_rel_max_abs": 1e-3, "hidden_rel_max_abs": 1e-3, "top1": "identical at every position"}
@@ -101,16 +104,18 @@ def pick_inputs(model, vocab, seed, tries=50, min_margin=3e-3, ids=None):
     return best
 
 
-def write_golden(dirpath, ids, logits, hidden, meta):
+def write_golden(dirpath, ids, logits, hidden, meta, n_hidden=2):
     os.makedirs(dirpath, exist_ok=True)
     ents = [entry("input_ids", ids.to(torch.int32)), entry("logits", logits.float().contiguous())]
-    for i in range(2):
+    for i in range(n_hidden):
         ents.append(entry("hidden.layer%d" % i, hidden[i].float().contiguous()))
     write_safetensors(os.path.join(dirpath, "golden.safetensors"), ents, {"meta": json.dumps(meta)})
 
 
 def golden_random(name):
     cfgd, seed, use_fp8, shards, mtp = CONFIGS[name]
+    if rk.is_kimi_config(cfgd):
+        return golden_kimi(name)
     d = os.path.join(ROOT, "tests", "golden", name)
     cfg = make(cfgd, d, seed=seed, use_fp8=use_fp8, shards=shards, mtp=mtp, init="fanin")
     # the names written must be exactly the reference model's parameter names (+ MTP, + scales)
@@ -131,6 +136,118 @@ def golden_random(name):
     size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
     print("%-12s T=%d margin=%.4f  max|logit|=%.3f  dir=%.2f MB" % (
         name, T, m, logits.abs().max().item(), size / 1e6))
+
+
+KIMI_T = 70  # crosses the 16/32/64-token chunk boundaries of a chunked KDA prefill
+
+
+def row_margin(logits):
+    """smallest (top1 - top2) / max |row| over positions: what a per-position relative check needs."""
+    top2 = logits.topk(2, dim=-1).values
+    return ((top2[:, 0] - top2[:, 1]) / logits.abs().max(-1).values).min().item()
+
+
+def kimi_forward(model, ids):
+    """logits, hidden, smallest routing gap (k-th vs (k+1)-th biased score) over the MoE layers."""
+    with torch.no_grad():
+        logits, hidden = model(ids.long(), return_hidden=True)
+    gap = min(l.block_sparse_moe.last_gap for l in model.model.layers if hasattr(l, "block_sparse_moe"))
+    return logits, hidden, gap
+
+
+def golden_kimi(name, tries=300):
+    """tests/golden/<name>/ for a Kimi Linear config: config.json + model.safetensors (BF16; A_log,
+    dt_bias, e_score_correction_bias F32), golden.safetensors (T = 70, hidden after every layer)
+    and golden_decode.safetensors (prefill of T/2 tokens, then one token at a time):
+      input_ids                          I32 [T]
+      logits                             F32 [T, vocab]  from that incremental run (rows < T/2 from
+                                                         the prefill pass)
+      state.prefill.layer<i>.recurrent   F32 [H, K, V]   KDA state after the prefill (S[k][v])
+      state.prefill.layer<i>.conv_{q,k,v} F32 [W-1, H*K] the last W-1 projected inputs, oldest first
+      state.final.layer<i>.*             the same after all T tokens
+    Inputs: the random ids (of `tries`) that maximize min(per-row top-1 margin / 3e-3, smallest
+    routing gap / 3e-4)."""
+    cfgd, seed, _, _, _ = CONFIGS[name]
+    d = os.path.join(ROOT, "tests", "golden", name)
+    cfg = make(cfgd, d, seed=seed, init="fanin")
+    ref = rk.KimiLinearForCausalLM(cfg).state_dict()
+    specs = kimi_tensor_specs(cfg)
+    assert {n: list(v.shape) for n, v in ref.items()} == {n: sh for n, sh, _ in specs}
+    model = load_model(d)
+    assert isinstance(model, rk.KimiLinearForCausalLM)
+    g = torch.Generator().manual_seed(1000 + seed)
+    best = None
+    for _ in range(tries):
+        ids = torch.randint(2, cfg.vocab_size, (KIMI_T,), generator=g)
+        logits, hidden, gap = kimi_forward(model, ids)
+        score = min(row_margin(logits) / 3e-3, gap / 3e-4)
+        if best is None or score > best[0]:
+            best = (score, ids, logits, hidden, gap)
+        if score >= 1.0:
+            break
+    _, ids, logits, hidden, gap = best
+    T, P = KIMI_T, KIMI_T // 2
+
+    # the same logits token by token: prefill P, then decode steps over the carried state
+    with torch.no_grad():
+        cache = model.new_cache()
+        rows = [model(ids[None, :P], cache=cache)[0]]
+        prefill_state = [{k: v[0].clone() for k, v in c.items()} if l.is_kda else None
+                         for l, c in zip(model.model.layers, cache)]
+        for t in range(P, T):
+            rows.append(model(ids[None, t:t + 1], cache=cache)[0])
+    inc = torch.cat(rows, 0)
+    inc_err = max(((inc[t] - logits[t]).abs().max() / logits[t].abs().max()).item() for t in range(T))
+    assert inc_err < 1e-5, inc_err
+
+    # fp32 rounding floor: the same forward in fp64
+    import reference_model as rm
+    rm.CD = torch.float64
+    try:
+        with torch.no_grad():
+            l64 = rk.load_kimi(d, torch.float64)(ids.long())
+    finally:
+        rm.CD = torch.float32
+    fp64_err = max(((logits[t].double() - l64[t]).abs().max() / l64[t].abs().max()).item() for t in range(T))
+
+    kda = [i for i, l in enumerate(model.model.layers) if l.is_kda]
+    decays = torch.cat([model.model.layers[i].self_attn.inputs(
+        model.model.layers[i].input_layernorm(hidden[i - 1][None] if i else
+                                              model.model.embed_tokens(ids.long())[None].float()))[0][3].exp().flatten()
+        for i in kda])
+    meta = {
+        "name": name, "model_dir": os.path.relpath(d, ROOT), "checkpoint_seed": seed, "fp8": False,
+        "init": "fanin (matrices and conv N(0, 1/in), embeddings N(0,1), norms 1+0.1N); A_log = log U(1,4); "
+                "dt_bias = softplus^-1(dt), dt log-uniform [1e-3, 0.1]",
+        "shards": 1, "mtp_layer_present": False, "tolerance": TOL,
+        "min_top1_margin_rel": margin(logits), "min_top1_margin_rel_per_row": row_margin(logits),
+        "min_routing_gap": gap, "fp64_vs_fp32_logits_rel": fp64_err,
+        "kda_decay_quantiles_1_50_99": [round(decays.quantile(p).item(), 4) for p in (0.01, 0.5, 0.99)],
+        "layers": ["kda" if l.is_kda else "mla" for l in model.model.layers],
+        "note": "reference = tools/reference_kimi.py (vLLM semantics), fp32 compute, bf16 weights upcast; "
+                "hidden.layer<i> after every decoder layer; golden_decode.safetensors holds the "
+                "prefill-then-decode run",
+    }
+    write_golden(d, ids, logits, hidden, meta, n_hidden=cfg.num_hidden_layers)
+    ents = [entry("input_ids", ids.to(torch.int32)), entry("logits", inc.float().contiguous())]
+    for which, states in (("prefill", prefill_state), ("final", cache)):
+        for i in kda:
+            st = states[i]
+            for key in ("recurrent", "conv_q", "conv_k", "conv_v"):
+                v = st[key]
+                v = v[0] if v.dim() == (4 if key == "recurrent" else 3) else v
+                ents.append(entry("state.%s.layer%d.%s" % (which, i, key), v.float().contiguous()))
+    dmeta = {"name": name, "prefill_len": P, "tolerance": TOL, "incremental_vs_full_logits_rel": inc_err,
+             "note": "prefill input_ids[:prefill_len] in one pass, then one token per step carrying the "
+                     "KDA conv + recurrent state and the MLA cache; logits equal golden.safetensors' "
+                     "(the reference is causal) up to incremental_vs_full_logits_rel. recurrent is "
+                     "S[h][k][v] (o = S^T q; vLLM's kernels store it transposed, [h][v][k]); conv_* hold "
+                     "the last W-1 projected (pre-conv) inputs, oldest first, fp32"}
+    write_safetensors(os.path.join(d, "golden_decode.safetensors"), ents, {"meta": json.dumps(dmeta)})
+    size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+    print("%-16s T=%d margin=%.4f row_margin=%.4f routing_gap=%.2e fp64=%.1e inc=%.1e max|logit|=%.3f dir=%.2f MB"
+          % (name, T, margin(logits), row_margin(logits), gap, fp64_err, inc_err, logits.abs().max().item(),
+             size / 1e6))
 
 
 def golden_mtp(name):
