@@ -62,6 +62,12 @@ Result<std::unique_ptr<Engine>> Engine::create(DeepseekModel& model, const Engin
 
   std::unique_ptr<Proposer> proposer;
   if (const SpeculativeConfig& sp = c.speculative; sp.enabled()) {
+    // Verification runs k + 1 tokens through the target and keeps a prefix of them; the KDA
+    // layers' state would have to roll back to the accepted position, which moat does not do yet.
+    if (model.state_bytes_per_request() > 0)
+      return make_error("--speculative is not supported yet for models with recurrent state ({}: Kimi Delta "
+                        "Attention layers); run without it",
+                        model.config().architecture);
     if (sp.num_tokens < 1 || sp.num_tokens > 64)
       return make_error("--num-speculative-tokens must be in [1, 64], got {}", sp.num_tokens);
     if (sp.method == "ngram") {
@@ -282,7 +288,8 @@ std::vector<RequestOutput> Engine::step() {
     logits_.resize(static_cast<size_t>(R * V));
     const bool wants_hidden = proposer_ && proposer_->wants_target_hidden();
     if (wants_hidden) hidden_.resize(static_cast<size_t>(batch.num_tokens() * model_.config().hidden_size));
-    model_.forward(batch, *cache_, logits_.data(), nullptr, {.final_hidden = wants_hidden ? hidden_.data() : nullptr});
+    model_.forward(batch, *cache_, logits_.data(), nullptr,
+                   {.final_hidden = wants_hidden ? hidden_.data() : nullptr, .states = &scheduler_->state_pool()});
 
     std::vector<const ScheduledChunk*> sampling;
     for (const ScheduledChunk& c : scheduled.chunks) {

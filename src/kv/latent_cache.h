@@ -11,6 +11,7 @@
 
 #include "base/dtype.h"
 #include "base/status.h"
+#include "kv/state_pool.h"
 #include "ops/kernel_types.h"
 
 namespace moat {
@@ -52,14 +53,19 @@ class PagedLatentCache {
 };
 
 // One sequence's cache of up to `capacity` tokens in blocks 0, 1, ... (no pool, no sharing):
-// for scoring, tests and single-stream benchmarks.
+// for scoring, tests and single-stream benchmarks. Models with recurrent state (Kimi Linear)
+// get the sequence's one state slot beside it.
 struct SequenceCache {
-  SequenceCache(const LatentCacheShape& shape, int64_t capacity, int32_t block_size)
-      : pages(shape, static_cast<int32_t>((capacity + block_size - 1) / block_size), block_size) {
+  SequenceCache(const LatentCacheShape& shape, int64_t capacity, int32_t block_size, int64_t state_bytes = 0)
+      : pages(shape, static_cast<int32_t>((capacity + block_size - 1) / block_size), block_size),
+        states(state_bytes > 0 ? 1 : 0, state_bytes) {
     for (int32_t b = 0; b < pages.num_blocks(); ++b) blocks.push_back(b);
+    if (states.enabled()) state_slot = *states.allocate();
   }
   PagedLatentCache pages;
   std::vector<int32_t> blocks;
+  StateSlotPool states;
+  int32_t state_slot = -1;
 };
 
 }  // namespace moat

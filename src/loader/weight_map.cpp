@@ -67,8 +67,7 @@ Result<WeightMatrix> matrix(const Checkpoint& ckpt, const std::string& name, int
   return w;
 }
 
-Status check_vector(const Checkpoint& ckpt, const std::string& name, int64_t n) {
-  const int64_t shape[1] = {n};
+Status check_vector(const Checkpoint& ckpt, const std::string& name, std::span<const int64_t> shape) {
   MOAT_ASSIGN_OR_RETURN(const TensorInfo* t, find_with_shape(ckpt, name, shape));
   if (!is_float_dtype(t->dtype))
     return make_error("{}: expected dtype BF16, F16 or F32, got {} (in {})", name,
@@ -85,7 +84,15 @@ Result<WeightMatrix> get_matrix(const Checkpoint& ckpt, const std::string& name,
 
 Result<std::vector<float>> get_vector_f32(const Checkpoint& ckpt, const std::string& name,
                                           int64_t n) {
-  MOAT_TRY(check_vector(ckpt, name, n));
+  const int64_t shape[1] = {n};
+  return get_vector_f32(ckpt, name, shape);
+}
+
+Result<std::vector<float>> get_vector_f32(const Checkpoint& ckpt, const std::string& name,
+                                          std::span<const int64_t> shape) {
+  MOAT_TRY(check_vector(ckpt, name, shape));
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
   const TensorInfo* t = ckpt.find(name);
   std::vector<float> v(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
@@ -106,10 +113,7 @@ Result<std::vector<float>> get_vector_f32(const Checkpoint& ckpt, const std::str
 
 Status check_tensor(const Checkpoint& ckpt, const std::string& name, std::span<const int64_t> shape,
                     TensorStorage storage, const ModelConfig& config) {
-  if (storage == TensorStorage::vector) {
-    MOAT_CHECK(shape.size() == 1, "{}: a vector spec needs one dimension, got {}", name, shape.size());
-    return check_vector(ckpt, name, shape[0]);
-  }
+  if (storage == TensorStorage::vector) return check_vector(ckpt, name, shape);
   MOAT_CHECK(shape.size() == 2, "{}: a matrix spec needs two dimensions, got {}", name, shape.size());
   auto w = matrix(ckpt, name, shape[0], shape[1], config,
                   /*allow_fp8=*/storage == TensorStorage::matrix);

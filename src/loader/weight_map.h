@@ -19,7 +19,8 @@ namespace moat {
 
 // How a tensor is stored, which decides the dtypes a checkpoint may use for it.
 enum class TensorStorage {
-  vector,           // [n]: norms, biases; bf16/f16/f32
+  vector,           // small tensors read whole as fp32: norms, biases ([n]), KDA conv weights
+                    // [C, 1, W] and A_log [1, 1, H, 1]; bf16/f16/f32
   matrix,           // [out, in] Linear weight: bf16/f16/f32, or fp8 + scale_inv in fp8 checkpoints
   matrix_no_quant,  // [out, in] never fp8, even in fp8 checkpoints: embed_tokens, lm_head, router
 };
@@ -39,5 +40,8 @@ Result<WeightMatrix> get_matrix(const Checkpoint& ckpt, const std::string& name,
 // A [n] vector converted to fp32 (a copy: for norms and biases, never for big tensors).
 Result<std::vector<float>> get_vector_f32(const Checkpoint& ckpt, const std::string& name,
                                           int64_t n);
+// A small tensor of any shape, flattened row-major to fp32 (KDA conv weights, A_log).
+Result<std::vector<float>> get_vector_f32(const Checkpoint& ckpt, const std::string& name,
+                                          std::span<const int64_t> shape);
 
 }  // namespace moat

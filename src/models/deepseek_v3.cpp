@@ -40,9 +40,16 @@ Status DeepseekModel::load_weights() {
   const ModelConfig& c = config_;
   const Checkpoint& ck = *checkpoint_;
   layers_.assign(spec_.layers.size(), LayerWeights{});
+  kda_layer_index_.assign(spec_.layers.size(), -1);
+  int64_t mla_layers = 0, kda_layers = 0;
   for (const LayerSpec& ls : spec_.layers) {
-    MOAT_CHECK(ls.attention == AttentionKind::mla, "layer {}: only MLA attention runs here", ls.index);
     LayerWeights& L = layers_[ls.index];
+    if (ls.attention == AttentionKind::kda) {
+      L.kda.emplace();
+      kda_layer_index_[ls.index] = kda_layers++;
+    } else {
+      L.cache_layer = mla_layers++;
+    }
     if (ls.ffn == FfnKind::moe) {
       L.moe.emplace().experts.resize(static_cast<size_t>(spec_.routed_experts));
     } else {
@@ -58,11 +65,12 @@ Status DeepseekModel::load_weights() {
                                               /*allow_fp8=*/t.storage == TensorStorage::matrix));
       bound_[i] = slot;
     } else {
-      MOAT_ASSIGN_OR_RETURN(*vector_slot(t), get_vector_f32(ck, t.name, t.shape[0]));
+      MOAT_ASSIGN_OR_RETURN(*vector_slot(t), get_vector_f32(ck, t.name, t.shape));
     }
   }
   if (c.tie_word_embeddings && !options_.mtp) lm_head_ = embed_tokens_;  // an MTP head has its own
-  for (LayerWeights& L : layers_) absorb_kv_b(L.attn);
+  for (LayerWeights& L : layers_)
+    if (!L.kda) absorb_kv_b(L.attn);
   return ok_status();
 }
 
@@ -91,6 +99,22 @@ WeightMatrix* DeepseekModel::matrix_slot(const TensorSpec& t) {
     case Part::embedding: slot = &embed_tokens_; break;
     case Part::lm_head: slot = &lm_head_; break;
     case Part::attention: {
+      if (L->kda) {
+        KdaWeights& K = *L->kda;
+        switch (t.role) {
+          case Role::kda_q_proj: slot = &K.q_proj; break;
+          case Role::kda_k_proj: slot = &K.k_proj; break;
+          case Role::kda_v_proj: slot = &K.v_proj; break;
+          case Role::kda_f_a_proj: slot = &K.f_a_proj; break;
+          case Role::kda_f_b_proj: slot = &K.f_b_proj; break;
+          case Role::kda_b_proj: slot = &K.b_proj; break;
+          case Role::kda_g_a_proj: slot = &K.g_a_proj; break;
+          case Role::kda_g_b_proj: slot = &K.g_b_proj; break;
+          case Role::o_proj: slot = &K.o_proj; break;
+          default: break;
+        }
+        break;
+      }
       MlaWeights& A = L->attn;
       switch (t.role) {
         case Role::q_a_proj: slot = &created(A.q_a_proj); break;
@@ -141,6 +165,12 @@ std::vector<float>* DeepseekModel::vector_slot(const TensorSpec& t) {
     case Role::score_bias:
       if (L->moe) slot = &L->moe->score_bias;
       break;
+    case Role::kda_q_conv: if (L->kda) slot = &L->kda->q_conv; break;
+    case Role::kda_k_conv: if (L->kda) slot = &L->kda->k_conv; break;
+    case Role::kda_v_conv: if (L->kda) slot = &L->kda->v_conv; break;
+    case Role::kda_a_log: if (L->kda) slot = &L->kda->a_log; break;
+    case Role::kda_dt_bias: if (L->kda) slot = &L->kda->dt_bias; break;
+    case Role::kda_o_norm: if (L->kda) slot = &L->kda->o_norm; break;
     default: break;
   }
   MOAT_CHECK(slot, "{}: the weight spec lists a vector this model has no place for", t.name);
@@ -224,6 +254,12 @@ void DeepseekModel::reserve(int64_t T) {
   grow(router_logits_, T * std::max<int64_t>(1, c.n_routed_experts));
   grow(logits_in_, T * H);
   if (options_.mtp) grow(mtp_cat_, T * 2 * H);
+  if (c.linear_attn) {
+    const int64_t width = c.linear_attn->num_heads * c.linear_attn->head_dim;
+    for (Buffer* b : {&kda_proj_, &kda_q_, &kda_k_, &kda_v_, &kda_g_, &kda_out_, &kda_gate_out_}) grow(*b, T * width);
+    grow(kda_low_, T * c.linear_attn->head_dim);
+    grow(kda_beta_, T * c.linear_attn->num_heads);
+  }
   topk_ids_.resize(static_cast<size_t>(T * std::max<int64_t>(1, c.num_experts_per_tok)));
   topk_weights_.resize(topk_ids_.size());
   kv_lens_.resize(static_cast<size_t>(T));
@@ -239,9 +275,18 @@ void DeepseekModel::forward(const ForwardBatch& batch, PagedLatentCache& cache, 
              "batch arrays disagree in length");
   MOAT_CHECK(batch.block_size == cache.block_size(), "batch block size {} but the cache's is {}", batch.block_size,
              cache.block_size());
-  MOAT_CHECK(cache.shape().num_layers == num_layers() && cache.shape().dim == c.kv_cache_dim(),
+  MOAT_CHECK(cache.shape().num_layers == c.num_mla_layers() && cache.shape().dim == c.kv_cache_dim(),
              "cache shaped for {} layers x {} values, model has {} x {}", cache.shape().num_layers,
-             cache.shape().dim, num_layers(), c.kv_cache_dim());
+             cache.shape().dim, c.num_mla_layers(), c.kv_cache_dim());
+  if (state_bytes_per_request() > 0) {
+    MOAT_CHECK(extras.states != nullptr && extras.states->bytes_per_slot() == state_bytes_per_request(),
+               "this model keeps {} bytes of recurrent state per request: pass its StateSlotPool", state_bytes_per_request());
+    MOAT_CHECK(static_cast<int32_t>(batch.state_slots.size()) == batch.num_sequences(), "{} state slots for {} sequences",
+               batch.state_slots.size(), batch.num_sequences());
+    for (int32_t slot : batch.state_slots)
+      MOAT_CHECK(slot >= 0 && slot < extras.states->num_slots() && extras.states->in_use(slot),
+                 "sequence without a state slot in use (slot {})", slot);
+  }
   MOAT_CHECK(cache.shape().dtype == options_.kv_dtype, "cache dtype {} but ops resolved for {}",
              dtype_name(cache.shape().dtype), dtype_name(options_.kv_dtype));
   const int64_t slots = static_cast<int64_t>(cache.num_blocks()) * cache.block_size();
@@ -279,7 +324,11 @@ void DeepseekModel::forward(const ForwardBatch& batch, PagedLatentCache& cache, 
   for (int64_t i = 0; i < num_layers(); ++i) {
     const LayerWeights& L = layers_[i];
     ops_.rms_norm(x, L.input_layernorm.data(), T, H, static_cast<float>(c.rms_norm_eps), h);
-    attention(L, i, batch, cache, h, tmp_.data());
+    if (L.kda) {
+      kda_attention(*L.kda, kda_layer_index_[i], batch, *extras.states, h, tmp_.data());
+    } else {
+      attention(L, batch, cache, h, tmp_.data());
+    }
     ops_.add_scaled(x, tmp_.data(), 1.0f, T * H);
     ops_.rms_norm(x, L.post_attention_layernorm.data(), T, H, static_cast<float>(c.rms_norm_eps), h);
     if (L.moe) {
@@ -306,8 +355,8 @@ void DeepseekModel::forward(const ForwardBatch& batch, PagedLatentCache& cache, 
   ops_.matmul(logits_in_.data(), R, lm_head_, logits);
 }
 
-void DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, const ForwardBatch& batch,
-                              PagedLatentCache& cache, const float* x, float* out) {
+void DeepseekModel::attention(const LayerWeights& layer, const ForwardBatch& batch, PagedLatentCache& cache,
+                              const float* x, float* out) {
   const ModelConfig& c = config_;
   const MlaWeights& A = layer.attn;
   const int64_t T = static_cast<int64_t>(batch.tokens.size());
@@ -328,14 +377,16 @@ void DeepseekModel::attention(const LayerWeights& layer, int64_t layer_index, co
   // kv: [T, kv_lora + rope] -> the cache rows of this layer: normed latent, roped k_pe
   float* kv = kv_.data();
   ops_.matmul(x, T, A.kv_a_proj_with_mqa, kv);
-  ops_.rope({kv + kv_lora, T, 1, D, D, rope, batch.positions.data(), rope_.cos.data(), rope_.sin.data()});
-  ops_.rope({q + nope, T, heads, heads * qk, qk, rope, batch.positions.data(), rope_.cos.data(), rope_.sin.data()});
+  if (!c.mla_use_nope) {  // Kimi Linear's MLA uses the rope-width slices unrotated
+    ops_.rope({kv + kv_lora, T, 1, D, D, rope, batch.positions.data(), rope_.cos.data(), rope_.sin.data()});
+    ops_.rope({q + nope, T, heads, heads * qk, qk, rope, batch.positions.data(), rope_.cos.data(), rope_.sin.data()});
+  }
   // kv becomes the cache rows [T, D] in place: normed latent, then the roped k_pe.
   for (int64_t t = 0; t < T; ++t) {
     ops_.rms_norm(kv + t * D, A.kv_a_layernorm.data(), 1, kv_lora, eps, kv + t * D);
     kv_lens_[t] = batch.positions[t] + 1;
   }
-  const ops::LatentPages pages = cache.layer(layer_index);
+  const ops::LatentPages pages = cache.layer(layer.cache_layer);
   ops_.store_latent({kv, T, D, batch.slot_mapping.data(), pages});
 
   // Absorb W_UK: q_full[t, h] = [q_nope[t, h] . W_UK_h^T (kv_lora) | q_pe[t, h] (rope)]  [T, heads, D]

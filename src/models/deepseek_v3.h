@@ -1,6 +1,8 @@
 // DeepSeek-V3 architecture (also DeepSeek-V2/V2-Lite and Kimi K2): MLA attention with the absorbed
 // decode form over a latent cache, dense MLP for the first layers, MoE with group-limited routing
-// and shared experts. Weights stay in the mmapped checkpoint; activations live in a Workspace
+// and shared experts. Kimi Linear runs here too: its layers are MLA (without RoPE) or Kimi Delta
+// Attention, a gated linear-attention recurrence whose fixed-size state per request lives in a
+// StateSlotPool slot (kv/state_pool.h) instead of the paged cache, which holds MLA layers only. Weights stay in the mmapped checkpoint; activations live in a Workspace
 // that grows with the largest batch and is then reused (no allocation in the token loop).
 #pragma once
 
@@ -15,6 +17,7 @@
 #include "base/weight.h"
 #include "config/model_config.h"
 #include "kv/latent_cache.h"
+#include "kv/state_pool.h"
 #include "models/forward_batch.h"
 #include "loader/checkpoint.h"
 #include "models/rope.h"
@@ -51,9 +54,24 @@ struct MoeWeights {
   std::optional<MlpWeights> shared;      // width n_shared * moe_intermediate
 };
 
+// Kimi Delta Attention (Kimi Linear). width = heads * K, K = head_dim (= V).
+struct KdaWeights {
+  WeightMatrix q_proj, k_proj, v_proj;           // [width, hidden]
+  std::vector<float> q_conv, k_conv, v_conv;     // [width, conv]: depthwise causal conv weights
+  WeightMatrix f_a_proj, f_b_proj;               // [K, hidden], [width, K]: decay gate (low rank)
+  std::vector<float> a_log;                      // [heads]
+  std::vector<float> dt_bias;                    // [width]
+  WeightMatrix b_proj;                           // [heads, hidden]: beta logits
+  WeightMatrix g_a_proj, g_b_proj;               // [K, hidden], [width, K]: output gate (low rank)
+  std::vector<float> o_norm;                     // [K]
+  WeightMatrix o_proj;                           // [hidden, width]
+};
+
 struct LayerWeights {
   std::vector<float> input_layernorm, post_attention_layernorm;  // [hidden]
-  MlaWeights attn;
+  MlaWeights attn;                                               // MLA layers
+  std::optional<KdaWeights> kda;                                 // KDA layers (then attn is empty)
+  int64_t cache_layer = -1;                                      // MLA: its layer in the latent cache
   std::optional<MlpWeights> dense_mlp;
   std::optional<MoeWeights> moe;
 };
@@ -64,6 +82,9 @@ struct ForwardExtras {
   const float* mtp_prev_hidden = nullptr;
   float* final_hidden = nullptr;  // [T, hidden] out: every row's final normed hidden state
   float* residual = nullptr;      // [T, hidden] out: the residual stream after the last layer
+  // Models with recurrent state (state_bytes_per_request() > 0): the pool that holds the slots
+  // named by ForwardBatch::state_slots; each slot's state is read and advanced in place.
+  StateSlotPool* states = nullptr;
 };
 
 class DeepseekModel {
@@ -109,15 +130,17 @@ class DeepseekModel {
   // The architecture's weight table for this config (models/registry.h).
   const WeightSpec& weight_spec() const { return spec_; }
 
-  // Recurrent state a request keeps beside its latent rows (kv/state_pool.h): none, every layer
-  // is MLA. A hybrid with linear-attention layers (Kimi K3) returns its per-request state size.
-  int64_t state_bytes_per_request() const { return 0; }
+  // Recurrent state a request keeps beside its latent rows (kv/state_pool.h): the KDA layers'
+  // conv inputs and fp32 states (ModelConfig::state_bytes_per_request); 0 when every layer is MLA.
+  int64_t state_bytes_per_request() const { return config_.state_bytes_per_request(); }
+  // The latent cache holds the MLA layers only (KDA layers keep state instead).
   LatentCacheShape cache_shape() const {
-    return {num_layers(), config_.kv_cache_dim(), options_.kv_dtype};
+    return {config_.num_mla_layers(), config_.kv_cache_dim(), options_.kv_dtype};
   }
-  // A cache for one sequence of up to `capacity` tokens (score, tests, benchmarks).
+  // A cache for one sequence of up to `capacity` tokens (score, tests, benchmarks), with its
+  // state slot when the model keeps state.
   SequenceCache new_sequence_cache(int64_t capacity, int32_t block_size = 64) const {
-    return SequenceCache(cache_shape(), capacity, block_size);
+    return SequenceCache(cache_shape(), capacity, block_size, state_bytes_per_request());
   }
 
   // Runs one step: writes the batch's latent rows into `cache` (slot_mapping) and attends over
@@ -130,8 +153,9 @@ class DeepseekModel {
   // One sequence's tokens at positions first_position.. over a SequenceCache.
   void forward(SequenceCache& cache, std::span<const int32_t> tokens, int32_t first_position, float* logits,
                ForwardBatch::Logits which = ForwardBatch::Logits::last, const LayerHook& on_layer_output = nullptr) {
-    forward(ForwardBatch::for_sequence(tokens, first_position, cache.blocks, cache.pages.block_size(), which),
-            cache.pages, logits, on_layer_output);
+    ForwardBatch batch = ForwardBatch::for_sequence(tokens, first_position, cache.blocks, cache.pages.block_size(), which);
+    batch.state_slots = {cache.state_slot};
+    forward(batch, cache.pages, logits, on_layer_output, {.states = &cache.states});
   }
 
  private:
@@ -142,8 +166,12 @@ class DeepseekModel {
   WeightMatrix* matrix_slot(const TensorSpec& t);
   std::vector<float>* vector_slot(const TensorSpec& t);
   void absorb_kv_b(MlaWeights& A);
-  void attention(const LayerWeights& layer, int64_t layer_index, const ForwardBatch& batch,
-                 PagedLatentCache& cache, const float* x, float* out);
+  void attention(const LayerWeights& layer, const ForwardBatch& batch, PagedLatentCache& cache, const float* x,
+                 float* out);
+  // Kimi Delta Attention of one layer (models/kda_attention.cpp); kda_index: its place among the
+  // KDA layers, which fixes where its state sits in each request's slot.
+  void kda_attention(const KdaWeights& w, int64_t kda_index, const ForwardBatch& batch, StateSlotPool& states,
+                     const float* x, float* out);
   // gate/up: scratch [T, intermediate] each.
   void mlp(const MlpWeights& w, const float* x, int64_t T, float* out, float* gate, float* up);
   void moe(const MoeWeights& w, const float* x, int64_t T, float* out);
@@ -176,6 +204,9 @@ class DeepseekModel {
   std::vector<int32_t> topk_ids_;   // [T, top_k]
   std::vector<float> topk_weights_;  // [T, top_k]
   std::vector<int32_t> kv_lens_;  // [T] rows each token attends to (its position + 1)
+  // KDA workspace: q, k, v after projection and after the conv [T, width] each, gate and output
+  Buffer kda_proj_, kda_q_, kda_k_, kda_v_, kda_low_, kda_g_, kda_beta_, kda_out_, kda_gate_out_;
+  std::vector<int64_t> kda_layer_index_;  // [layers] index among the KDA layers, -1 for MLA
 };
 
 }  // namespace moat

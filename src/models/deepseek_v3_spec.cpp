@@ -6,8 +6,6 @@
 
 namespace moat {
 
-namespace {
-// A table for this config with no tensors yet, its expert counts set.
 WeightSpec empty_spec(const ModelConfig& c) {
   WeightSpec spec;
   spec.config = c;
@@ -15,7 +13,6 @@ WeightSpec empty_spec(const ModelConfig& c) {
   spec.experts_per_token = c.n_routed_experts > 0 ? c.num_experts_per_tok : 0;
   return spec;
 }
-}  // namespace
 
 WeightSpec deepseek_v3_weight_spec(const ModelConfig& c) {
   WeightSpec spec = empty_spec(c);

@@ -18,6 +18,13 @@ Result<ops::ModelOpNeeds> model_op_needs(const ModelConfig& config, int64_t tp, 
   if (config.quantization) needs.matmul_dtypes.insert(needs.matmul_dtypes.end(), {DType::F8_E4M3, DType::F32});
   needs.embedding_dtype = dense;
   needs.heads_per_rank = config.num_attention_heads / tp;
+  if (config.linear_attn) {
+    if (config.linear_attn->num_heads % tp != 0)
+      return make_error("tensor-parallel degree {} does not divide linear_attn_config.num_heads {}", tp,
+                        config.linear_attn->num_heads);
+    needs.kda_heads_per_rank = config.linear_attn->num_heads / tp;
+    needs.kda_head_dim = config.linear_attn->head_dim;
+  }
   needs.attention_head_dim = config.kv_cache_dim();
   needs.kv_dtype = kv_dtype;
   needs.num_experts = config.n_routed_experts;

@@ -7,11 +7,12 @@ namespace moat {
 namespace {
 
 // Must cover every architecture config/model_config.cpp accepts (tests/models checks both lists).
-constexpr std::array<Architecture, 2> kArchitectures = {{
+constexpr std::array<Architecture, 3> kArchitectures = {{
     {"DeepseekV3ForCausalLM", "DeepSeek-V3, V3.1, Kimi K2 (model_type kimi_k2)", &deepseek_v3_weight_spec},
     // V2 differs in config defaults and routing (softmax, greedy / group_limited_greedy), not in
     // tensor layout.
     {"DeepseekV2ForCausalLM", "DeepSeek-V2, V2-Lite", &deepseek_v3_weight_spec},
+    {"KimiLinearForCausalLM", "Kimi Linear (model_type kimi_linear: KDA + MLA hybrid)", &kimi_linear_weight_spec},
 }};
 
 }  // namespace

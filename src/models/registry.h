@@ -2,8 +2,9 @@
 // `moat doctor` and `moat plan` ask it, and an architecture it does not know is refused with the
 // list of those it does.
 //
-// Every registered architecture runs on DeepseekModel today, so an entry names no factory; the
-// first architecture with its own model class (Kimi Linear) adds one here.
+// Every registered architecture runs on DeepseekModel, whose layers carry their kind (MLA or
+// Kimi Linear's KDA), so an entry names no factory; an architecture that needs its own model
+// class adds one here.
 #pragma once
 
 #include <span>

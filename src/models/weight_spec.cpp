@@ -9,15 +9,15 @@ using S = TensorStorage;
 // One SwiGLU MLP (gate, up: [inter, hidden]; down: [hidden, inter]) under `prefix` ("...mlp.",
 // "...mlp.experts.7.", "...mlp.shared_experts.").
 void add_mlp(WeightSpec& spec, int64_t layer, const std::string& prefix, Part part, int64_t inter,
-             int64_t expert = -1) {
+             int64_t expert = -1, const MoeNames& names = {}) {
   const int64_t H = spec.config.hidden_size;
   const bool routed = part == Part::routed_expert;
   const TpSplit in_split = routed ? TpSplit::expert : TpSplit::column;
   const TpSplit out_split = routed ? TpSplit::expert : TpSplit::row;
   auto& t = spec.tensors;
-  t.push_back({prefix + "gate_proj.weight", {inter, H}, S::matrix, layer, part, Role::gate_proj, expert, in_split});
-  t.push_back({prefix + "up_proj.weight", {inter, H}, S::matrix, layer, part, Role::up_proj, expert, in_split});
-  t.push_back({prefix + "down_proj.weight", {H, inter}, S::matrix, layer, part, Role::down_proj, expert, out_split});
+  t.push_back({prefix + names.expert_gate + ".weight", {inter, H}, S::matrix, layer, part, Role::gate_proj, expert, in_split});
+  t.push_back({prefix + names.expert_up + ".weight", {inter, H}, S::matrix, layer, part, Role::up_proj, expert, in_split});
+  t.push_back({prefix + names.expert_down + ".weight", {H, inter}, S::matrix, layer, part, Role::down_proj, expert, out_split});
 }
 
 }  // namespace
@@ -70,18 +70,47 @@ void add_dense_mlp(WeightSpec& spec, int64_t layer, const std::string& prefix) {
   add_mlp(spec, layer, prefix + "mlp.", Part::dense_mlp, spec.config.intermediate_size);
 }
 
-void add_moe(WeightSpec& spec, int64_t layer, const std::string& prefix) {
+void add_moe(WeightSpec& spec, int64_t layer, const std::string& prefix, const MoeNames& names) {
   const ModelConfig& c = spec.config;
   const int64_t E = c.n_routed_experts;
-  const std::string m = prefix + "mlp.";
+  const std::string m = prefix + names.block;
   spec.tensors.push_back({m + "gate.weight", {E, c.hidden_size}, S::matrix_no_quant, layer, Part::router, Role::weight});
   // Only noaux_tc checkpoints carry the selection bias.
   if (c.topk_method == "noaux_tc")
     spec.tensors.push_back({m + "gate.e_score_correction_bias", {E}, S::vector, layer, Part::router, Role::score_bias});
   for (int64_t e = 0; e < E; ++e)
-    add_mlp(spec, layer, m + "experts." + std::to_string(e) + ".", Part::routed_expert, c.moe_intermediate_size, e);
+    add_mlp(spec, layer, m + "experts." + std::to_string(e) + ".", Part::routed_expert, c.moe_intermediate_size, e,
+            names);
   if (c.n_shared_experts > 0)
     add_mlp(spec, layer, m + "shared_experts.", Part::shared_experts, c.n_shared_experts * c.moe_intermediate_size);
+}
+
+void add_kda_attention(WeightSpec& spec, int64_t layer, const std::string& prefix) {
+  const ModelConfig& c = spec.config;
+  const int64_t H = c.hidden_size, heads = c.linear_attn->num_heads, K = c.linear_attn->head_dim;
+  const int64_t width = heads * K, conv = c.linear_attn->short_conv_kernel_size;
+  const std::string a = prefix + "self_attn.";
+  auto add = [&](const char* suffix, std::vector<int64_t> shape, S storage, Role role,
+                 TpSplit split = TpSplit::replicated, int64_t unit = 1) {
+    spec.tensors.push_back({a + suffix, std::move(shape), storage, layer, Part::attention, role, -1, split, unit});
+  };
+  // Per-head tensors split by head (vLLM: column-parallel q/k/v/f_b/g_b/b and their convs,
+  // row-parallel o_proj); the rank-K gate inputs f_a / g_a feed every head and stay whole.
+  add("q_proj.weight", {width, H}, S::matrix, Role::kda_q_proj, TpSplit::column, K);
+  add("k_proj.weight", {width, H}, S::matrix, Role::kda_k_proj, TpSplit::column, K);
+  add("v_proj.weight", {width, H}, S::matrix, Role::kda_v_proj, TpSplit::column, K);
+  add("q_conv1d.weight", {width, 1, conv}, S::vector, Role::kda_q_conv, TpSplit::column, K);
+  add("k_conv1d.weight", {width, 1, conv}, S::vector, Role::kda_k_conv, TpSplit::column, K);
+  add("v_conv1d.weight", {width, 1, conv}, S::vector, Role::kda_v_conv, TpSplit::column, K);
+  add("f_a_proj.weight", {K, H}, S::matrix, Role::kda_f_a_proj);
+  add("f_b_proj.weight", {width, K}, S::matrix, Role::kda_f_b_proj, TpSplit::column, K);
+  add("A_log", {1, 1, heads, 1}, S::vector, Role::kda_a_log);
+  add("dt_bias", {width}, S::vector, Role::kda_dt_bias, TpSplit::column, K);
+  add("b_proj.weight", {heads, H}, S::matrix, Role::kda_b_proj, TpSplit::column, 1);
+  add("g_a_proj.weight", {K, H}, S::matrix, Role::kda_g_a_proj);
+  add("g_b_proj.weight", {width, K}, S::matrix, Role::kda_g_b_proj, TpSplit::column, K);
+  add("o_norm.weight", {K}, S::vector, Role::kda_o_norm);
+  add("o_proj.weight", {H, width}, S::matrix, Role::o_proj, TpSplit::row, K);
 }
 
 }  // namespace moat

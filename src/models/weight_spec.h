@@ -22,7 +22,7 @@
 
 namespace moat {
 
-enum class AttentionKind { mla };       // later: kda
+enum class AttentionKind { mla, kda };  // kda: Kimi Delta Attention (Kimi Linear / K3)
 enum class FfnKind { dense, moe };      // later: latent_moe
 
 struct LayerSpec {
@@ -69,6 +69,22 @@ enum class Role {
   mtp_enorm,          // [hidden] on the next token's embedding
   mtp_hnorm,          // [hidden] on the main model's hidden state
   mtp_eh_proj,        // [hidden, 2 * hidden] over [enorm(embedding); hnorm(hidden)]
+  // KDA (Part::attention of a kda layer; width = heads * head_dim, K = head_dim)
+  kda_q_proj,         // [width, hidden]
+  kda_k_proj,         // [width, hidden]
+  kda_v_proj,         // [width, hidden]
+  kda_q_conv,         // [width, 1, conv]: depthwise causal conv on q
+  kda_k_conv,         // [width, 1, conv]
+  kda_v_conv,         // [width, 1, conv]
+  kda_f_a_proj,       // [K, hidden]: decay gate, low rank
+  kda_f_b_proj,       // [width, K]
+  kda_a_log,          // [1, 1, heads, 1] F32: per-head decay rate, log
+  kda_dt_bias,        // [width] F32
+  kda_b_proj,         // [heads, hidden]: beta logits
+  kda_g_a_proj,       // [K, hidden]: output gate, low rank
+  kda_g_b_proj,       // [width, K]
+  kda_o_norm,         // [K]: per-head RMSNorm of the output
+  // o_proj [hidden, width] is Role::o_proj
 };
 
 // How tensor parallelism splits a tensor across ranks (issue 15). Dimensions are the
@@ -130,7 +146,14 @@ Status validate_checkpoint(const Checkpoint& ckpt, const WeightSpec& spec);
 void add_layer_norms(WeightSpec& spec, int64_t layer, const std::string& prefix);
 void add_mla_attention(WeightSpec& spec, int64_t layer, const std::string& prefix);
 void add_dense_mlp(WeightSpec& spec, int64_t layer, const std::string& prefix);
-void add_moe(WeightSpec& spec, int64_t layer, const std::string& prefix);
+// How a checkpoint names its MoE tensors: DeepSeek "mlp." with gate_proj / up_proj / down_proj
+// experts; Kimi Linear "block_sparse_moe." with experts w1 (gate) / w3 (up) / w2 (down).
+struct MoeNames {
+  std::string block = "mlp.";
+  std::string expert_gate = "gate_proj", expert_up = "up_proj", expert_down = "down_proj";
+};
+void add_moe(WeightSpec& spec, int64_t layer, const std::string& prefix, const MoeNames& names = {});
+void add_kda_attention(WeightSpec& spec, int64_t layer, const std::string& prefix);
 
 // The DeepSeek-V3 / V2 / Kimi K2 table (models/deepseek_v3_spec.cpp).
 WeightSpec deepseek_v3_weight_spec(const ModelConfig& config);
@@ -139,5 +162,10 @@ WeightSpec deepseek_v3_weight_spec(const ModelConfig& config);
 // experts), shared_head.norm as the final norm and shared_head.head as lm_head. Errors when the
 // config declares no MTP layer (num_nextn_predict_layers = 0).
 Result<WeightSpec> deepseek_v3_mtp_weight_spec(const ModelConfig& config);
+// KimiLinearForCausalLM (models/kimi_linear_spec.cpp): KDA or MLA per layer (linear_attn_config),
+// MoE under block_sparse_moe.
+WeightSpec kimi_linear_weight_spec(const ModelConfig& config);
+// A table for this config with no tensors yet, its expert counts set.
+WeightSpec empty_spec(const ModelConfig& config);
 
 }  // namespace moat

@@ -90,6 +90,8 @@ class Scheduler {
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   const BlockPool& block_pool() const { return pool_; }
   const StateSlotPool& state_pool() const { return state_pool_; }
+  // The model reads and advances running requests' states in their slots.
+  StateSlotPool& state_pool() { return state_pool_; }
   // The model writes a running request's recurrent state here (nullptr without state).
   uint8_t* state_of(const Request& r) { return r.state_slot >= 0 ? state_pool_.data(r.state_slot) : nullptr; }
   int64_t num_preemptions() const { return num_preemptions_; }

@@ -11,6 +11,10 @@ Result<std::unique_ptr<DraftModelProposer>> DraftModelProposer::create(DeepseekM
     return make_error("the draft model's vocabulary ({} tokens) differs from the target's ({}): a draft must share "
                       "the target's tokenizer",
                       draft.config().vocab_size, target_vocab);
+  if (draft.state_bytes_per_request() > 0)
+    return make_error("the draft model ({}) has recurrent-state layers, which a draft cannot roll back yet; use an "
+                      "MLA-only draft",
+                      draft.config().architecture);
   if (draft.max_context() < max_model_len)
     return make_error("the draft model was loaded for {} tokens of context, the target serves {}", draft.max_context(),
                       max_model_len);

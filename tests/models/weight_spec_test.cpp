@@ -327,12 +327,12 @@ TEST(Registry, UnknownArchitectureIsRefusedWithTheSupportedList) {
   ASSERT_FALSE(a.ok());
   EXPECT_EQ(a.error().message,
             "architecture 'LlamaForCausalLM' is not supported; supported: [DeepseekV3ForCausalLM, "
-            "DeepseekV2ForCausalLM]");
+            "DeepseekV2ForCausalLM, KimiLinearForCausalLM]");
   ModelConfig c = tiny_config();
-  c.architecture = "KimiLinearForCausalLM";
+  c.architecture = "KimiK3ForConditionalGeneration";
   auto spec = weight_spec_for(c);
   ASSERT_FALSE(spec.ok());
-  EXPECT_HAS(spec.error().message, "'KimiLinearForCausalLM' is not supported; supported: [DeepseekV3ForCausalLM");
+  EXPECT_HAS(spec.error().message, "'KimiK3ForConditionalGeneration' is not supported; supported: [DeepseekV3ForCausalLM");
 }
 
 // The config loader and the registry must agree on what is supported: the list config.json's
@@ -346,8 +346,51 @@ TEST(Registry, CoversEveryArchitectureTheConfigLoaderAccepts) {
     c.architecture = std::string(a.name);
     auto spec = weight_spec_for(c);
     ASSERT_TRUE(spec.ok()) << a.name;
-    EXPECT_EQ(spec->tensors.size(), deepseek_v3_weight_spec(c).tensors.size());
+    EXPECT_EQ(spec->tensors.size(), deepseek_v3_weight_spec(c).tensors.size()) << a.name;  // no KDA layer in c
   }
+}
+
+// Kimi Linear's table: KDA or MLA per layer from the 1-based lists, Kimi's tensor names
+// (block_sparse_moe, experts w1/w3/w2, conv weights [width, 1, W], A_log [1, 1, H, 1]).
+TEST(WeightSpec, KimiLinearLayerKindsNamesAndShapes) {
+  ModelConfig c = tiny_config();
+  c.architecture = "KimiLinearForCausalLM";
+  c.model_type = "kimi_linear";
+  c.q_lora_rank.reset();
+  c.mla_use_nope = true;
+  c.linear_attn = LinearAttentionConfig{.num_heads = 3, .head_dim = 8, .short_conv_kernel_size = 4,
+                                        .kda_layers = {1}, .full_attn_layers = {2}};
+  const WeightSpec spec = kimi_linear_weight_spec(c);
+  ASSERT_EQ(spec.layers.size(), 2u);
+  EXPECT_EQ(spec.layers[0].attention, AttentionKind::kda);
+  EXPECT_EQ(spec.layers[1].attention, AttentionKind::mla);
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const TensorSpec& t : spec.tensors) shapes[t.name] = t.shape;
+  const int64_t H = c.hidden_size, width = 24;
+  const std::map<std::string, std::vector<int64_t>> kda = {
+      {"q_proj.weight", {width, H}},       {"k_proj.weight", {width, H}},       {"v_proj.weight", {width, H}},
+      {"q_conv1d.weight", {width, 1, 4}},  {"k_conv1d.weight", {width, 1, 4}},  {"v_conv1d.weight", {width, 1, 4}},
+      {"f_a_proj.weight", {8, H}},         {"f_b_proj.weight", {width, 8}},     {"A_log", {1, 1, 3, 1}},
+      {"dt_bias", {width}},                {"b_proj.weight", {3, H}},           {"g_a_proj.weight", {8, H}},
+      {"g_b_proj.weight", {width, 8}},     {"o_norm.weight", {8}},              {"o_proj.weight", {H, width}}};
+  for (const auto& [suffix, shape] : kda) {
+    const std::string name = "model.layers.0.self_attn." + suffix;
+    ASSERT_TRUE(shapes.count(name)) << name;
+    EXPECT_EQ(shapes[name], shape) << name;
+  }
+  EXPECT_FALSE(shapes.count("model.layers.0.self_attn.kv_b_proj.weight"));
+  EXPECT_TRUE(shapes.count("model.layers.1.self_attn.q_proj.weight"));
+  EXPECT_TRUE(shapes.count("model.layers.1.self_attn.kv_b_proj.weight"));
+  EXPECT_FALSE(shapes.count("model.layers.1.self_attn.A_log"));
+  // layer 0 dense (first_k_dense_replace 1), layer 1 MoE under block_sparse_moe
+  EXPECT_TRUE(shapes.count("model.layers.0.mlp.gate_proj.weight"));
+  EXPECT_TRUE(shapes.count("model.layers.1.block_sparse_moe.gate.weight"));
+  EXPECT_TRUE(shapes.count("model.layers.1.block_sparse_moe.gate.e_score_correction_bias"));
+  EXPECT_TRUE(shapes.count("model.layers.1.block_sparse_moe.experts.0.w1.weight"));
+  EXPECT_TRUE(shapes.count("model.layers.1.block_sparse_moe.experts.0.w3.weight"));
+  EXPECT_TRUE(shapes.count("model.layers.1.block_sparse_moe.experts.0.w2.weight"));
+  EXPECT_TRUE(shapes.count("model.layers.1.block_sparse_moe.shared_experts.down_proj.weight"));
+  EXPECT_FALSE(shapes.count("model.layers.1.mlp.gate.weight"));
 }
 
 }  // namespace

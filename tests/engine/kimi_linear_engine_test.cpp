@@ -1,0 +1,111 @@
+// The engine over the Kimi Linear hybrid (tests/golden/tiny_kimi_linear): batching, chunked
+// prefill and preemption change no token, while prefix caching and speculative decoding, which
+// would need the KDA state at an earlier position, are declined with the reason.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "engine/engine.h"
+#include "run_engine.h"
+
+namespace moat {
+namespace {
+
+const std::filesystem::path kFixture = std::filesystem::path(MOAT_SOURCE_DIR) / "tests/golden/tiny_kimi_linear";
+
+std::unique_ptr<DeepseekModel> load(ops::Backend backend) {
+  auto m = DeepseekModel::load(kFixture, {.backend = backend, .max_context = 256, .exact_activations = true,
+                                          .kv_dtype = DType::F32, .threads = 1});
+  EXPECT_TRUE(m.ok()) << m.error().message;
+  return m.ok() ? std::move(m).value() : nullptr;
+}
+
+// The engine over a hybrid model: each request's state lives in its slot from admission to
+// finish, so requests batched together with chunked prefill, or preempted and recomputed,
+// generate exactly what they generate alone.
+class KimiLinearEngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { model_ = load(ops::Backend::cpu).release(); }
+  static void TearDownTestSuite() { delete model_; }
+
+  static std::unique_ptr<Engine> engine(EngineConfig c) {
+    c.max_model_len = 128;
+    if (c.kv_memory_bytes == 0) c.kv_memory_bytes = 8 << 20;
+    auto e = Engine::create(*model_, c, nullptr);
+    EXPECT_TRUE(e.ok()) << e.error().message;
+    return e.ok() ? std::move(e).value() : nullptr;
+  }
+  static GenerateRequest greedy(std::vector<int32_t> prompt, int64_t max_tokens) {
+    GenerateRequest r;
+    r.prompt = std::move(prompt);
+    r.sampling.temperature = 0.0f;
+    r.stop.max_tokens = max_tokens;
+    r.stop.ignore_eos = true;
+    return r;
+  }
+  std::vector<std::vector<int32_t>> prompts() const {
+    std::vector<std::vector<int32_t>> p;
+    for (int i = 0; i < 5; ++i) {
+      std::vector<int32_t> ids;
+      for (int j = 0; j < 3 + 9 * i; ++j) ids.push_back((37 * i + 11 * j + 5) % 500);
+      p.push_back(ids);
+    }
+    return p;
+  }
+  static DeepseekModel* model_;
+};
+DeepseekModel* KimiLinearEngineTest::model_ = nullptr;
+
+TEST_F(KimiLinearEngineTest, BatchedChunkedAndPreemptedRequestsGenerateWhatEachGeneratesAlone) {
+  std::vector<std::vector<int32_t>> alone;
+  for (const auto& p : prompts()) {
+    auto e = engine({});
+    ASSERT_TRUE(e->add_request(greedy(p, 10)).ok());
+    alone.push_back(testing::run_to_completion(*e).begin()->second.tokens);
+    ASSERT_EQ(alone.back().size(), 10u);
+  }
+  // Five requests, 6 tokens per step: prompts are prefilled in chunks beside decoding requests.
+  auto e = engine({.max_num_batched_tokens = 6});
+  std::vector<uint64_t> ids;
+  for (const auto& p : prompts()) ids.push_back(*e->add_request(greedy(p, 10)));
+  auto done = testing::run_to_completion(*e);
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(done[ids[i]].tokens, alone[i]) << "request " << i;
+  EXPECT_EQ(e->scheduler().state_pool().num_free(), e->scheduler().state_pool().num_slots());
+
+  // Room for 48 tokens of MLA cache: requests are preempted (their state slot given back) and
+  // recomputed from scratch.
+  const int64_t per_token = model_->cache_shape().bytes_per_token();
+  auto tight = engine({.block_size = 4, .kv_memory_bytes = 48 * per_token});
+  ids.clear();
+  for (const auto& p : prompts()) ids.push_back(*tight->add_request(greedy(p, 10)));
+  done = testing::run_to_completion(*tight);
+  EXPECT_GT(tight->scheduler().num_preemptions(), 0);
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(done[ids[i]].tokens, alone[i]) << "request " << i;
+}
+
+// A prefix hit would skip tokens whose contribution to the state is not stored: the scheduler
+// takes none for a model with state, and the repeated prompt is computed again.
+TEST_F(KimiLinearEngineTest, NoPrefixHitsForAModelWithState) {
+  auto e = engine({.block_size = 4, .enable_prefix_caching = true});
+  const auto p = prompts()[3];
+  const uint64_t a = *e->add_request(greedy(p, 4));
+  auto first = testing::run_to_completion(*e);
+  const uint64_t b = *e->add_request(greedy(p, 4));
+  auto second = testing::run_to_completion(*e);
+  EXPECT_EQ(first[a].tokens, second[b].tokens);
+  EXPECT_EQ(second[b].last.cached_tokens, 0);
+}
+
+TEST_F(KimiLinearEngineTest, SpeculativeDecodingIsDeclinedWithTheReason) {
+  EngineConfig c;
+  c.max_model_len = 128;
+  c.kv_memory_bytes = 8 << 20;
+  c.speculative.method = "ngram";
+  c.speculative.num_tokens = 3;
+  auto e = Engine::create(*model_, c, nullptr);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().message.find("recurrent state"), std::string::npos) << e.error().message;
+}
+
+}  // namespace
+}  // namespace moat
