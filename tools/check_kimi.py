@@ -12,12 +12,20 @@
      o_norm eps 1e-6, missing shared expert) and how far each moves the logits (each must move
      them by > 1e-2, ten times the tolerance);
   5. the K3 lower-bound gate stays in [lower_bound, 0].
-  tools/check_kimi.py [tests/golden/tiny_kimi_linear]
+For a Kimi K3 fixture (tests/golden/tiny_k3) the same checks 1-4 on the K3 model (lower-bound gate,
+AttnRes, latent MoE, MXFP4 experts), the stored KDA prefill state, the MXFP4 decoder on hand-made
+bytes, and the K3 mistakes (AttnRes off or wired differently, wrong gate form, SiLU for SiTU, latent
+norm off, MXFP4 nibble order swapped, ...).
+  tools/check_kimi.py [tests/golden/tiny_kimi_linear | tests/golden/tiny_k3]   (no argument: both)
 """
+import functools
+import json
 import os
 import sys
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -65,8 +73,12 @@ def rel(a, b):
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
+def _layers(model):
+    return model.layers if isinstance(model, rk.KimiK3ForConditionalGeneration) else model.model.layers
+
+
 def check_chunked(model, ids):
-    layer = next(l for l in model.model.layers if l.is_kda)
+    layer = next(l for l in _layers(model) if l.is_kda)
     torch.manual_seed(1)
     x = torch.randn(2, 77, model.cfg.hidden_size)
     (q, k, v, g, beta), _ = layer.self_attn.inputs(x)
@@ -81,7 +93,7 @@ def check_chunked(model, ids):
 
 
 def check_pieces(model, ids):
-    layer = next(l for l in model.model.layers if l.is_kda)
+    layer = next(l for l in _layers(model) if l.is_kda)
     attn = layer.self_attn
     torch.manual_seed(2)
     x = torch.randn(1, 70, model.cfg.hidden_size)
@@ -114,7 +126,7 @@ def check_pieces(model, ids):
 def check_fp64(d, ids, ref):
     rm.CD = torch.float64
     try:
-        m64 = rk.load_kimi(d, torch.float64)
+        m64 = rm.load_model(d, torch.float64)
         with torch.no_grad():
             l64 = m64(ids)
     finally:
@@ -223,8 +235,19 @@ def variants(model, ids, ref):
 
 
 def main():
-    d = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(HERE), "tests/golden/tiny_kimi_linear")
+    root = os.path.dirname(HERE)
+    dirs = sys.argv[1:] or [os.path.join(root, "tests/golden/tiny_kimi_linear"), os.path.join(root, "tests/golden/tiny_k3")]
     torch.set_num_threads(4)
+    for d in dirs:
+        with open(os.path.join(d, "config.json")) as f:
+            if rk.is_k3_config(json.load(f)):
+                main_k3(d)
+            else:
+                main_kimi_linear(d)
+
+
+def main_kimi_linear(d):
+    print("== Kimi Linear:", d)
     model = rk.load_kimi(d)
     g = read_safetensors(os.path.join(d, "golden.safetensors"))[0]
     ids = g["input_ids"][1].long()
@@ -255,6 +278,285 @@ def main():
     gl = rk.kda_gate(raw, attn.A_log, attn.dt_bias, lb)
     print("5. K3 lower-bound gate range: [%.3f, %.3f] (bound %.1f)" % (gl.min(), gl.max(), lb))
     assert gl.min() >= lb and gl.max() <= 0
+    print("ok")
+
+
+# ================================================================ Kimi K3
+def check_mxfp4_decoder():
+    """Hand-made bytes against values worked out from the format (not from the encoder)."""
+    packed = np.zeros((2, 16), dtype=np.uint8)
+    packed[0, 0] = 0x1F      # element 0 = code 0xF (-6), element 1 = code 0x1 (+0.5)
+    packed[0, 1] = 0x8A      # element 2 = code 0xA (-1.0), element 3 = code 0x8 (-0)
+    packed[1, 15] = 0x70     # element 30 = code 0 (0), element 31 = code 7 (+6)
+    scale = np.array([[128], [100]], dtype=np.uint8)
+    w = rk.decode_mxfp4(packed, scale)
+    assert w.shape == (2, 32)
+    assert list(w[0, :4]) == [-12.0, 1.0, -2.0, 0.0] and np.signbit(w[0, 3]) and not w[0, 4:].any()
+    assert w[1, 31] == 6.0 * 2.0 ** -27 and not w[1, :31].any()
+    big = rk.decode_mxfp4(np.full((1, 16), 0x31, np.uint8), np.array([[254]], np.uint8))
+    assert (big[0, 0::2] == 0.5 * 2.0 ** 127).all() and (big[0, 1::2] == 1.5 * 2.0 ** 127).all()  # 2 * 2^127 is inf in fp32
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((8, 64)) * np.exp2(rng.integers(-30, 10, (8, 1)))).astype(np.float32)
+    p, sc = rk.encode_mxfp4(x)
+    y = rk.decode_mxfp4(p, sc)
+    assert np.array_equal(rk.decode_mxfp4(*rk.encode_mxfp4(y)), y)
+    rel = np.abs(y - x).max(-1) / np.abs(x).max(-1)
+    assert (rel <= 0.25 + 1e-6).all(), rel   # half an e2m1 step at the top of the range, relative to the max
+    print("M. MXFP4 decoder: hand-made bytes (nibble order, sign, -0, e8m0 100/128/254) ok; encode/decode "
+          "idempotent; quantization error <= %.3f of the group max" % rel.max())
+
+
+def check_k3_stored_state(model, ids, d):
+    g = read_safetensors(os.path.join(d, "golden_decode.safetensors"))
+    dec, meta = g[0], json.loads(g[1]["meta"])
+    P = meta["prefill_len"]
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(ids[None, :P], cache=cache)
+    worst = 0.0
+    for i, l in enumerate(model.layers):
+        if l.is_kda:
+            for key in ("recurrent", "conv_q", "conv_k", "conv_v"):
+                worst = max(worst, rel(cache[i][key][0], dec["state.prefill.layer%d.%s" % (i, key)][1]))
+    print("2c. KDA state after a %d-token prefill vs golden_decode.safetensors: rel max err %.2e" % (P, worst))
+    assert worst < 1e-5
+
+
+def check_k3_mla(model):
+    """K3MLA (mla_attend over an explicit key/value cache) against the shared DeepSeek Attention with
+    identity rotation (cos 1, sin 0), gated by sigmoid(g_proj(x)) outside it."""
+    torch.manual_seed(3)
+    worst = 0.0
+    for layer in model.layers:
+        if layer.is_kda:
+            continue
+        at = layer.self_attn
+        x = torch.randn(2, 33, model.cfg.hidden_size)
+        one = torch.ones(33, model.cfg.qk_rope_head_dim // 2)
+        with torch.no_grad():
+            gate = torch.sigmoid(at.g_proj(x))
+            saved = at.o_proj
+
+            class Capture(torch.nn.Module):   # the attention output before o_proj
+                def forward(self, y):
+                    self.y = y
+                    return y
+            at.o_proj = cap = Capture()
+            try:
+                rm.Attention.forward(at, x, one, torch.zeros_like(one))
+            finally:
+                at.o_proj = saved
+            want = at.o_proj(cap.y * gate)
+            worst = max(worst, rel(at(x), want))
+    print("2d. K3 MLA (cached form, q-LoRA, output gate) vs the shared DeepSeek Attention: rel max err %.2e" % worst)
+    assert worst < 1e-5
+
+
+def k3_variants(model, d, ids, ref):
+    """The K3 model with one piece of the semantics changed; how far the logits move."""
+    cfg = model.cfg
+    T = ids.shape[0]
+    results = {}
+
+    def measure(name, out):
+        e = max(rel(out[t], ref[t]) for t in range(T))
+        flips = int((out.argmax(-1) != ref.argmax(-1)).sum())
+        results[name] = (e, flips)
+        print("   %-58s worst per-position rel change %.3f, top-1 changed at %d/%d" % (name, e, flips, T))
+
+    def run(name, patch, undo, m=None):
+        patch()
+        try:
+            with torch.no_grad():
+                out = (m or model)(ids)
+        finally:
+            undo()
+        measure(name, out)
+
+    def swap(obj, attr, value):
+        old = getattr(obj, attr)
+        return (lambda: setattr(obj, attr, value)), (lambda: setattr(obj, attr, old))
+
+    # --- AttnRes
+    def plain_sum(rows, norm, proj):
+        return sum(r.to(rm.CD) for r in rows)
+    run("AttnRes off (plain residual: sum of bank + P)", *swap(rk, "attn_res_mix", plain_sum))
+
+    def no_rms(rows, norm, proj):
+        v = torch.stack([r.to(rm.CD) for r in rows], dim=-2)
+        p = torch.softmax(F.linear(v * norm.weight.to(rm.CD), proj.weight.to(rm.CD))[..., 0], -1)
+        return (p[..., None] * v).sum(-2)
+    run("AttnRes score without the RMS normalization", *swap(rk, "attn_res_mix", no_rms))
+
+    def normed_sum(rows, norm, proj):
+        v = torch.stack([r.to(rm.CD) for r in rows], dim=-2)
+        nv = norm(v)
+        p = torch.softmax(F.linear(nv, proj.weight.to(rm.CD))[..., 0], -1)
+        return (p[..., None] * nv).sum(-2)
+    run("AttnRes weighted sum of the normed rows", *swap(rk, "attn_res_mix", normed_sum))
+
+    def no_norm_weight(rows, norm, proj):
+        v = torch.stack([r.to(rm.CD) for r in rows], dim=-2)
+        k = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + norm.eps)
+        p = torch.softmax(F.linear(k, proj.weight.to(rm.CD))[..., 0], -1)
+        return (p[..., None] * v).sum(-2)
+    run("AttnRes score without the <site>_res_norm weight", *swap(rk, "attn_res_mix", no_norm_weight))
+
+    orig_fwd = rk.K3DecoderLayer.forward
+
+    # (Writing the bank row before the attention-side mix, so that the mix sees bank + [P] + [0], is
+    # NOT a detectable mistake: the zero row scores 0 and adds nothing, it only rescales the mix by
+    # a per-token scalar, which input_layernorm removes up to its eps. Either order is correct.)
+    def no_restart(self, bank, P, cache=None):
+        x = self.input_layernorm(rk.attn_res_mix(bank + [P], self.self_attention_res_norm, self.self_attention_res_proj))
+        if self.i % self.cfg.attn_res_block_size == 0:
+            bank.append(P)
+        P = P + self.self_attn(x, cache).to(rm.CD)
+        y = self.post_attention_layernorm(rk.attn_res_mix(bank + [P], self.mlp_res_norm, self.mlp_res_proj))
+        return P + self.ffn(y).to(rm.CD)
+    run("AttnRes: P not restarted at the bank write", *swap(rk.K3DecoderLayer, "forward", no_restart))
+
+    def write_at_end(self, bank, P, cache=None):
+        x = self.input_layernorm(rk.attn_res_mix(bank + [P], self.self_attention_res_norm, self.self_attention_res_proj))
+        P = P + self.self_attn(x, cache).to(rm.CD)
+        y = self.post_attention_layernorm(rk.attn_res_mix(bank + [P], self.mlp_res_norm, self.mlp_res_proj))
+        P = P + self.ffn(y).to(rm.CD)
+        if self.i % self.cfg.attn_res_block_size == 0:
+            bank.append(P)
+            P = torch.zeros_like(P)
+        return P
+    run("AttnRes: bank write at the end of the write layer", *swap(rk.K3DecoderLayer, "forward", write_at_end))
+
+    def emb_not_banked(self, bank, P, cache=None):
+        x = self.input_layernorm(rk.attn_res_mix(bank + [P], self.self_attention_res_norm, self.self_attention_res_proj))
+        if self.i > 0 and self.i % self.cfg.attn_res_block_size == 0:
+            bank.append(P)
+            P = torch.zeros_like(P)
+        P = P + self.self_attn(x, cache).to(rm.CD)
+        y = self.post_attention_layernorm(rk.attn_res_mix(bank + [P], self.mlp_res_norm, self.mlp_res_proj))
+        return P + self.ffn(y).to(rm.CD)
+    run("AttnRes: embedding not a bank row (first write at layer B)", *swap(rk.K3DecoderLayer, "forward", emb_not_banked))
+
+    def ungated_input(self, bank, P, cache=None):
+        mix = rk.attn_res_mix(bank + [P], self.self_attention_res_norm, self.self_attention_res_proj)
+        x = self.input_layernorm(mix)
+        if self.i % self.cfg.attn_res_block_size == 0:
+            bank.append(P)
+            P = torch.zeros_like(P)
+        if self.is_kda:
+            a = self.self_attn(x, cache)
+        else:
+            at = self.self_attn
+            o = rk.mla_attend(at, x, {})
+            a = at.o_proj(o * torch.sigmoid(at.g_proj(mix).to(rm.CD)))
+        P = P + a.to(rm.CD)
+        y = self.post_attention_layernorm(rk.attn_res_mix(bank + [P], self.mlp_res_norm, self.mlp_res_proj))
+        return P + self.ffn(y).to(rm.CD)
+    run("MLA output gate fed the un-normed mix (not the layer input)", *swap(rk.K3DecoderLayer, "forward", ungated_input))
+
+    orig_model_fwd = rk.KimiK3ForConditionalGeneration.forward
+
+    def no_output_mix(self, ids, return_hidden=False, cache=None, return_mix=False):
+        m = self.language_model.model
+        P = m.embed_tokens(ids[None]).to(rm.CD)
+        bank = []
+        for layer in m.layers:
+            P = layer(bank, P, None)
+        return F.linear(m.norm(P), self.language_model.lm_head.weight.to(rm.CD))[0]
+    run("final norm of P (output-side mix skipped)", *swap(rk.KimiK3ForConditionalGeneration, "forward", no_output_mix))
+
+    # --- KDA
+    run("KDA gate: Kimi Linear softplus form instead of the lower bound", *swap(cfg, "gate_lower_bound", None))
+    orig_gate = rk.kda_gate
+
+    def per_channel(raw, A_log, dt_bias, lower_bound=None):
+        H, K = raw.shape[-2:]
+        g = raw + dt_bias.view(H, K).to(raw.dtype)
+        return float(lower_bound) * torch.sigmoid(A_log.reshape(-1)[:K].to(raw.dtype).exp().view(1, K) * g)
+    run("KDA A_log read per channel ([head_dim]) instead of per head", *swap(rk, "kda_gate", per_channel))
+    run("KDA gate lower bound -1 instead of -5", *swap(cfg, "gate_lower_bound", -1.0))
+
+    kdas = [l.self_attn for l in model.layers if l.is_kda]
+    orig_out = rk.KimiDeltaAttention.output
+
+    def ungated_out(self, x, o):
+        B, T_, H, K = o.shape
+        return self.o_proj(self.o_norm(o).reshape(B, T_, H * K))
+    run("KDA output gate sigmoid(g_proj(x)) dropped", *swap(rk.KimiDeltaAttention, "output", ungated_out))
+
+    # --- MLA
+    mlas = [l.self_attn for l in model.layers if not l.is_kda]
+    orig_mla_fwd = rk.K3MLA.forward
+    run("MLA output gate dropped", *swap(rk.K3MLA, "forward", lambda self, x, cache=None: self.o_proj(rk.mla_attend(self, x, {}))))
+    sc = mlas[0].scale
+    run("MLA softmax scale nope^-0.5",
+        lambda: [setattr(a, "scale", cfg.qk_nope_head_dim ** -0.5) for a in mlas],
+        lambda: [setattr(a, "scale", sc) for a in mlas])
+
+    # --- MLP / MoE
+    orig_situ = rk.situ
+    run("SiLU instead of SiTU (every MLP)", *swap(rk, "situ", lambda g, u, b, lb: F.silu(g.to(rm.CD)) * u.to(rm.CD)))
+    run("SiTU without the up-branch clamp (linear_beta ignored)",
+        *swap(rk, "situ", lambda g, u, b, lb: orig_situ(g, u, b, None)))
+    run("SiTU betas swapped (4 <-> 25)", *swap(rk, "situ", lambda g, u, b, lb: orig_situ(g, u, lb, b)))
+    run("latent routed_expert_norm off", *swap(cfg, "latent_moe_use_norm", False))
+    moes = [l.block_sparse_moe for l in model.layers if hasattr(l, "block_sparse_moe")]
+    saved = [m.shared_experts for m in moes]
+
+    class Zero(torch.nn.Module):
+        def forward(self, x):
+            return torch.zeros_like(x)
+    run("shared experts missing",
+        lambda: [setattr(m, "shared_experts", Zero()) for m in moes],
+        lambda: [setattr(m, "shared_experts", s) for m, s in zip(moes, saved)])
+    orig_route = rk.route
+
+    def biased_route(c, logits, bias):
+        w, idx = orig_route(c, logits, bias)
+        s = logits.sigmoid() + bias.to(rm.CD)[None]
+        w = s.gather(1, idx)
+        return w / (w.sum(-1, keepdim=True) + 1e-20) * c.routed_scaling_factor, idx
+    run("routing weights from the biased scores (Kimi Linear HF code)", *swap(rk, "route", biased_route))
+
+    # --- MXFP4 storage
+    for name, dec in (("MXFP4 nibble order swapped (2j in the high nibble)", functools.partial(rk.decode_mxfp4, swap_nibbles=True)),
+                      ("MXFP4 e8m0 bias 128 instead of 127", functools.partial(rk.decode_mxfp4, e8m0_bias=128))):
+        with torch.no_grad():
+            measure(name, rk.load_k3(d, decode=dec)(ids))
+    return results
+
+
+def main_k3(d):
+    print("== Kimi K3:", d)
+    check_mxfp4_decoder()
+    model = rk.load_k3(d)
+    g = read_safetensors(os.path.join(d, "golden.safetensors"))[0]
+    ids = g["input_ids"][1].long()
+    ref = g["logits"][1]
+    with torch.no_grad():
+        now, hidden = model(ids, return_hidden=True)
+    eh = max(rel(h, g["hidden.layer%d" % i][1]) for i, h in enumerate(hidden))
+    print("0. reference now vs stored golden: logits %.2e, hidden %.2e"
+          % (max(rel(now[t], ref[t]) for t in range(ids.shape[0])), eh))
+    check_chunked(model, ids)
+    check_pieces(model, ids)
+    check_k3_stored_state(model, ids, d)
+    check_k3_mla(model)
+    check_fp64(d, ids, ref)
+    orig_rec = rk.kda_recurrent
+    for chunk in (16, 32):
+        rk.kda_recurrent = lambda q, k, v, g_, b, S=None, c=chunk: kda_chunked(q, k, v, g_, b, S, c)
+        try:
+            with torch.no_grad():
+                out = model(ids)
+        finally:
+            rk.kda_recurrent = orig_rec
+        print("3b. model with chunked KDA (chunk %d) vs golden logits: worst per-position rel err %.2e"
+              % (chunk, max(rel(out[t], ref[t]) for t in range(ids.shape[0]))))
+    print("4. K3 variants the golden must catch (tolerance 1e-3 per position):")
+    res = k3_variants(model, d, ids, ref)
+    for name, (e, flips) in res.items():
+        assert e > 1e-2, name
     print("ok")
 
 

@@ -20,6 +20,15 @@ tools/reference_kimi.py; A_log, dt_bias and e_score_correction_bias are F32, the
 log(A) with A ~ U(1, 4) per head and dt_bias the inverse softplus of dt, log-uniform in [1e-3, 0.1]
 per channel (the Kimi / Mamba initialisation): with fan-in f_a/f_b the per-step decays exp(g) spread
 over ~[0.4, 0.999] (1st / 50th / 99th percentile 0.42 / 0.975 / 0.999 on tiny_kimi_linear's input).
+Kimi K3 (config "architectures": ["KimiK3ForConditionalGeneration"], preset tiny_k3): the text model's
+tensors under "language_model." (tools/reference_kimi.py K3 section), no vision tensors. F32: A_log
+(1-D [head_dim], zero padded; entry h < H is head h's log A), dt_bias, q/k/v_conv1d, o_norm and
+e_score_correction_bias (as the released checkpoint stores them); routed experts MXFP4
+(compressed-tensors mxfp4-pack-quantized: weight_packed U8 [out, in/2] + weight_scale U8 [out, in/32])
+from fan-in fp32 masters by reference_kimi.encode_mxfp4, with a few groups forced to the e8m0 edge
+exponents in K3_EDGE_GROUPS; everything else BF16. A ~ U(K3_A_RANGE), dt_bias ~ U(K3_DT_BIAS_RANGE),
+chosen for the lower-bound gate so that the per-step decays spread like tiny_kimi_linear's
+(1st / 50th / 99th percentile 0.46 / 0.985 / 0.99996 on tiny_k3's input).
 """
 import argparse
 import json
@@ -33,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fp8  # noqa: E402
 from safetensors_io import Entry, write_safetensors  # noqa: E402
 from reference_model import Config  # noqa: E402
-from reference_kimi import KimiConfig, is_kimi_config  # noqa: E402
+from reference_kimi import K3Config, KimiConfig, encode_mxfp4, is_k3_config, is_kimi_config  # noqa: E402
 
 PRESETS = {
     # DeepSeek-V2-Lite shapes, 6 layers (issue 2's "bench" config)
@@ -72,6 +81,71 @@ PRESETS = {
         "rope_theta": 10000.0, "routed_scaling_factor": 2.446, "tie_word_embeddings": False,
         "topk_group": 1, "transformers_version": "4.56.0", "use_cache": True, "use_grouped_topk": True,
         "v_head_dim": 16, "vocab_size": 512,
+    },
+    # Kimi K3 (moonshotai/Kimi-K3 config.json shape: top-level KimiK3ForConditionalGeneration with the
+    # text model under text_config, quantization_config inside text_config), scaled down: 6 layers,
+    # MLA at 1-based [3, 6], KDA elsewhere, attn_res_block_size 2 (bank rows written at layers 0, 2,
+    # 4), dense layer 0, latent MoE (8 experts, top 2, latent 64, expert intermediate 64: two MXFP4
+    # groups per row), 2 shared experts. The key set is reconstructed from the engines' config classes
+    # and published readings of the released file (not available here): like the released text_config
+    # it has no rope_theta / rope_scaling / head_dim. vision_config: the keys of sglang's
+    # KimiK3VisionConfig with its defaults, text_hidden_size 128; no vision tensors are written.
+    "tiny_k3": {
+        "architectures": ["KimiK3ForConditionalGeneration"],
+        "auto_map": {"AutoConfig": "configuration_kimi_k3.KimiK3Config",
+                     "AutoModel": "modeling_kimi_k3.KimiK3ForConditionalGeneration",
+                     "AutoModelForCausalLM": "modeling_kimi_k3.KimiK3ForConditionalGeneration"},
+        "bos_token_id": 0, "dtype": "bfloat16", "eos_token_id": 1, "ignore_index": -100,
+        "image_placeholder": "<|kimi_image_placeholder|>", "media_placeholder_token_id": 163605,
+        "model_type": "kimi_k3", "pad_token_id": 2, "tie_word_embeddings": False,
+        "transformers_version": "4.57.1",
+        "text_config": {
+            "activation_situ_beta": 4.0, "activation_situ_linear_beta": 25.0,
+            "architectures": ["KimiLinearForCausalLM"],
+            "attn_res_block_size": 2,
+            "auto_map": {"AutoConfig": "configuration_kimi_k3.KimiLinearConfig",
+                         "AutoModel": "modeling_kimi_linear.KimiLinearModel",
+                         "AutoModelForCausalLM": "modeling_kimi_linear.KimiLinearForCausalLM"},
+            "bos_token_id": 0, "dtype": "bfloat16", "eos_token_id": 1, "first_k_dense_replace": 1,
+            "hidden_act": "situ", "hidden_size": 128, "initializer_range": 0.02,
+            "intermediate_size": 192, "kv_lora_rank": 32, "latent_moe_use_norm": True,
+            "linear_attn_config": {"full_attn_layers": [3, 6], "gate_lower_bound": -5.0, "head_dim": 32,
+                                   "kda_layers": [1, 2, 4, 5], "num_heads": 4, "short_conv_kernel_size": 4,
+                                   "use_full_rank_gate": True},
+            "max_position_embeddings": 1048576, "mla_use_nope": True, "mla_use_output_gate": True,
+            "model_type": "kimi_linear", "moe_intermediate_size": 64, "moe_layer_freq": 1,
+            "moe_renormalize": True, "moe_router_activation_func": "sigmoid", "num_attention_heads": 4,
+            "num_expert_group": 1, "num_experts": 8, "num_experts_per_token": 2, "num_hidden_layers": 6,
+            "num_key_value_heads": 4, "num_nextn_predict_layers": 0, "num_shared_experts": 2,
+            "pad_token_id": 2, "q_lora_rank": 48, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
+            "quantization_config": {
+                "config_groups": {"group_0": {
+                    "format": "mxfp4-pack-quantized", "input_activations": None, "output_activations": None,
+                    "targets": ["Linear"],
+                    "weights": {"actorder": None, "block_structure": None, "dynamic": False, "group_size": 32,
+                                "num_bits": 4, "observer": "minmax", "observer_kwargs": {},
+                                "scale_dtype": "torch.uint8", "strategy": "group", "symmetric": True,
+                                "type": "float", "zp_dtype": None}}},
+                "format": "mxfp4-pack-quantized", "global_compression_ratio": None,
+                "ignore": ["re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+                           "re:.*lm_head.*", "re:.*vision_tower.*", "re:.*mm_projector.*"],
+                "kv_cache_scheme": None, "quant_method": "compressed-tensors",
+                "quantization_status": "compressed"},
+            "rms_norm_eps": 1e-05, "routed_expert_hidden_size": 64, "routed_scaling_factor": 1.0,
+            "tie_word_embeddings": False, "topk_group": 1, "topk_method": "noaux_tc",
+            "use_cache": True, "use_grouped_topk": True, "v_head_dim": 16, "vocab_size": 512,
+        },
+        "vision_config": {
+            "activation_func": "gelu_pytorch_tanh", "attn_bias": False, "init_pos_emb_height": 64,
+            "init_pos_emb_time": 4, "init_pos_emb_width": 64, "linear_bias": False,
+            "merge_kernel_size": [2, 2], "merge_type": "sd2_tpool", "mlp_type": "mlp2",
+            "mm_hidden_size": 1024, "mm_projector_type": "patchmergerv2", "model_type": "kimi_k3_vision",
+            "norm_type": "rmsnorm", "patch_embed_proj_bias": False, "patch_size": 14,
+            "pos_emb_interpolation_mode": "bilinear", "pos_emb_type": "divided_fixed",
+            "projector_hidden_act": "gelu", "projector_ln_eps": 1e-05, "qkv_hidden_size": 1536,
+            "text_hidden_size": 128, "vt_hidden_size": 1024, "vt_intermediate_size": 4096,
+            "vt_num_attention_heads": 12, "vt_num_hidden_layers": 27,
+        },
     },
 }
 
@@ -193,16 +267,105 @@ def kimi_tensor_specs(cfg):
     return specs
 
 
-F32_KINDS = ("bias", "a_log", "dt_bias")
+def k3_tensor_specs(cfg):
+    """[(name, shape, kind)] of a Kimi K3 checkpoint (text model only) in layer order. Kinds as
+    kimi_tensor_specs plus a_log_k3 (1-D [head_dim]), conv_f32 / norm_f32 (stored F32), res_proj
+    ([1, hidden]) and mxfp4 (a routed expert's [out, in] weight, stored as <name>_packed U8
+    [out, in/2] + <name>_scale U8 [out, in/32]; the name given ends in ".weight")."""
+    c = cfg
+    L = "language_model."
+    D, H = c.hidden_size, c.num_attention_heads
+    KH, K, W = c.kda_num_heads, c.kda_head_dim, c.conv_kernel
+    P, R, I = KH * K, c.routed_expert_hidden_size, c.moe_intermediate_size
+    specs = [(L + "model.embed_tokens.weight", [c.vocab_size, D], "embed")]
+
+    def mlp(p, inter):
+        return [(p + "gate_proj.weight", [inter, D], "linear"), (p + "up_proj.weight", [inter, D], "linear"),
+                (p + "down_proj.weight", [D, inter], "linear")]
+
+    for i in range(c.num_hidden_layers):
+        p = L + "model.layers.%d." % i
+        a = p + "self_attn."
+        specs += [(p + "input_layernorm.weight", [D], "norm"),
+                  (p + "self_attention_res_norm.weight", [D], "norm"),
+                  (p + "self_attention_res_proj.weight", [1, D], "res_proj")]
+        if c.is_kda_layer(i):
+            specs += [(a + "q_proj.weight", [P, D], "linear"), (a + "k_proj.weight", [P, D], "linear"),
+                      (a + "v_proj.weight", [P, D], "linear"),
+                      (a + "q_conv1d.weight", [P, 1, W], "conv_f32"), (a + "k_conv1d.weight", [P, 1, W], "conv_f32"),
+                      (a + "v_conv1d.weight", [P, 1, W], "conv_f32"),
+                      (a + "A_log", [K], "a_log_k3"),
+                      (a + "f_a_proj.weight", [K, D], "linear"), (a + "f_b_proj.weight", [P, K], "linear"),
+                      (a + "dt_bias", [P], "dt_bias_k3"),
+                      (a + "b_proj.weight", [KH, D], "linear"),
+                      (a + "g_proj.weight", [P, D], "linear"),
+                      (a + "o_norm.weight", [K], "norm_f32"), (a + "o_proj.weight", [D, P], "linear")]
+        else:
+            qk = c.qk_nope_head_dim + c.qk_rope_head_dim
+            specs += [(a + "q_a_proj.weight", [c.q_lora_rank, D], "linear"),
+                      (a + "q_a_layernorm.weight", [c.q_lora_rank], "norm"),
+                      (a + "q_b_proj.weight", [H * qk, c.q_lora_rank], "linear"),
+                      (a + "kv_a_proj_with_mqa.weight", [c.kv_lora_rank + c.qk_rope_head_dim, D], "linear"),
+                      (a + "kv_a_layernorm.weight", [c.kv_lora_rank], "norm"),
+                      (a + "kv_b_proj.weight", [H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank], "linear"),
+                      (a + "g_proj.weight", [H * c.v_head_dim, D], "linear"),
+                      (a + "o_proj.weight", [D, H * c.v_head_dim], "linear")]
+        specs += [(p + "post_attention_layernorm.weight", [D], "norm"),
+                  (p + "mlp_res_norm.weight", [D], "norm"),
+                  (p + "mlp_res_proj.weight", [1, D], "res_proj")]
+        if c.is_moe_layer(i):
+            m = p + "block_sparse_moe."
+            specs += [(m + "gate.weight", [c.num_experts, D], "gate"),
+                      (m + "gate.e_score_correction_bias", [c.num_experts], "bias")]
+            for e in range(c.num_experts):
+                x = m + "experts.%d." % e
+                specs += [(x + "w1.weight", [I, R], "mxfp4"), (x + "w2.weight", [R, I], "mxfp4"),
+                          (x + "w3.weight", [I, R], "mxfp4")]
+            specs += mlp(m + "shared_experts.", I * c.num_shared_experts)
+            specs += [(m + "routed_expert_down_proj.weight", [R, D], "linear"),
+                      (m + "routed_expert_norm.weight", [R], "norm"),
+                      (m + "routed_expert_up_proj.weight", [D, R], "linear")]
+        else:
+            specs += mlp(p + "mlp.", c.intermediate_size)
+    specs += [(L + "model.norm.weight", [D], "norm"),
+              (L + "model.output_attn_res_norm.weight", [D], "norm"),
+              (L + "model.output_attn_res_proj.weight", [1, D], "res_proj"),
+              (L + "lm_head.weight", [c.vocab_size, D], "head")]
+    return specs
 
 
-def draw(gen, shape, kind, init="0.02"):
+# Routed-expert MXFP4 groups forced to e8m0 edge exponents in the K3 presets:
+# (layer, expert, "w1"/"w2"/"w3", row, group) -> e8m0 byte. The group's fp32 master values are
+# rescaled so that the encoder's own exponent choice lands there (max |w| = 0.9 * 6 * 2^(s-127)).
+K3_EDGE_GROUPS = {
+    (1, 0, "w1", 5, 1): 140,    # 2^13: the gate saturates through SiTU's 4*tanh(g/4) clamp
+    (2, 3, "w3", 10, 0): 127,   # 2^0: values up to 6, the up branch reaches 25*tanh(u/25)'s knee
+    (3, 5, "w2", 7, 1): 100,    # 2^-27: near-zero weights
+    (4, 6, "w1", 0, 0): 100,
+}
+K3_DT_BIAS_RANGE = (-5.0, -3.0)  # dt_bias ~ U(lo, hi) per channel, tuned for the lower-bound gate
+K3_A_RANGE = (1.0, 2.0)         # A = exp(A_log) ~ U(lo, hi) per head: decays 1st/50th/99th pct ~0.46/0.985/0.99995
+
+
+F32_KINDS = ("bias", "a_log", "dt_bias", "a_log_k3", "dt_bias_k3", "conv_f32", "norm_f32")
+
+
+def draw(gen, shape, kind, init="0.02", heads=None):
     """fp32 values for one tensor (before the bf16 / fp8 storage rounding).
     init "0.02": matrices N(0, 0.02); "fanin": linear/gate/lm_head N(0, 1/in_features) so that
     attention scores and routing are far from uniform (used by the golden fixtures: a bug in RoPE
     or the softmax scale then moves the logits well past the tolerance); embeddings N(0, 1)."""
-    if kind == "norm":
+    if kind in ("norm", "norm_f32"):
         return 1.0 + 0.1 * torch.randn(shape, generator=gen)
+    if kind == "a_log_k3":  # K3: 1-D [head_dim]; entry h < H is head h's log(A), A ~ U(K3_A_RANGE); the rest 0
+        H = heads
+        v = torch.zeros(shape)
+        lo, hi = K3_A_RANGE
+        v[:H] = torch.log(lo + (hi - lo) * torch.rand(H, generator=gen))
+        return v
+    if kind == "dt_bias_k3":
+        lo, hi = K3_DT_BIAS_RANGE
+        return lo + (hi - lo) * torch.rand(shape, generator=gen)
     if kind == "bias":
         return 0.05 * torch.randn(shape, generator=gen)
     if kind == "a_log":  # KDA decay rate A = exp(A_log) ~ U(1, 4) per head
@@ -217,13 +380,30 @@ def draw(gen, shape, kind, init="0.02"):
     return std * torch.randn(shape, generator=gen)
 
 
+def mxfp4_master(w, name):
+    """The fp32 master of a routed expert weight (name ...layers.N.block_sparse_moe.experts.E.wK.weight)
+    with the K3_EDGE_GROUPS groups rescaled to their edge exponent."""
+    import re
+    m = re.search(r"layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight$", name)
+    w = w.clone()
+    for (layer, expert, proj, row, group), sbyte in K3_EDGE_GROUPS.items():
+        if m and (int(m.group(1)), int(m.group(2)), m.group(3)) == (layer, expert, proj):
+            g = w[row, 32 * group:32 * (group + 1)]
+            w[row, 32 * group:32 * (group + 1)] = g * (0.9 * 6.0 * 2.0 ** (sbyte - 127) / g.abs().max())
+    return w
+
+
 def make(cfg_dict, out, seed=0, use_fp8=False, shards=1, mtp=False, log=False, init="0.02"):
     cfg_dict = dict(cfg_dict)
     if mtp:
         cfg_dict["num_nextn_predict_layers"] = 1
     if use_fp8:
         cfg_dict["quantization_config"] = dict(FP8_QCONFIG)
-    if is_kimi_config(cfg_dict):
+    if is_k3_config(cfg_dict):
+        assert not mtp and not use_fp8, "Kimi K3: no MTP layer, no FP8 variant"
+        cfg = K3Config(cfg_dict)
+        specs = k3_tensor_specs(cfg)
+    elif is_kimi_config(cfg_dict):
         assert not mtp and not use_fp8, "Kimi Linear: no MTP layer, no FP8 variant"
         cfg = KimiConfig(cfg_dict)
         specs = kimi_tensor_specs(cfg)
@@ -235,9 +415,22 @@ def make(cfg_dict, out, seed=0, use_fp8=False, shards=1, mtp=False, log=False, i
 
     # One entry per stored tensor; producers draw lazily IN ORDER (the writer calls them in order).
     entries = []
+    heads = getattr(cfg, "kda_num_heads", None)
     for name, shape, kind in specs:
         if kind in F32_KINDS:
-            entries.append(Entry(name, "F32", shape, producer=lambda s=shape, k=kind: draw(gen, s, k, init)))
+            entries.append(Entry(name, "F32", shape, producer=lambda s=shape, k=kind: draw(gen, s, k, init, heads)))
+        elif kind == "mxfp4":
+            o, i = shape
+            cache = {}
+
+            def prod_packed(s=shape, name=name, cache=cache):
+                w = mxfp4_master(draw(gen, s, "linear", init), name)
+                cache["p"], cache["s"] = encode_mxfp4(w.numpy())
+                return torch.from_numpy(cache.pop("p"))
+
+            entries.append(Entry(name + "_packed", "U8", [o, i // 2], producer=prod_packed))
+            entries.append(Entry(name + "_scale", "U8", [o, i // 32],
+                                 producer=lambda cache=cache: torch.from_numpy(cache.pop("s"))))
         elif use_fp8 and kind == "linear":
             o, i = shape
             cache = {}
@@ -258,7 +451,7 @@ def make(cfg_dict, out, seed=0, use_fp8=False, shards=1, mtp=False, log=False, i
     total = sum(e.nbytes() for e in entries)
     groups = []
     for e in entries:
-        if e.name.endswith("_scale_inv"):
+        if e.name.endswith(("_scale_inv", ".weight_scale")):
             groups[-1].append(e)
         else:
             groups.append([e])

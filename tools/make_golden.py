@@ -6,6 +6,7 @@
   tools/make_golden.py --model-dir models/k3-nano --name k3_nano [--text "..."]
   tools/make_golden.py --mtp-only           # golden_mtp.safetensors of the checkpoints with an MTP layer
   tools/make_golden.py --only tiny_kimi_linear   # Kimi Linear (tools/reference_kimi.py), see golden_kimi
+  tools/make_golden.py --only tiny_k3            # Kimi K3 text model (reference_kimi.py K3 part), see golden_k3
 
 Each tests/golden/<name>/ holds config.json + the checkpoint (random-weight configs only; for a
 shipped model the checkpoint stays in models/ and the metadata names it) and golden.safetensors:
@@ -28,7 +29,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from make_checkpoint import PRESETS, kimi_tensor_specs, make, tensor_specs  # noqa: E402
+from make_checkpoint import K3_EDGE_GROUPS, PRESETS, k3_tensor_specs, kimi_tensor_specs, make, tensor_specs  # noqa: E402
 from reference_model import Config, DeepseekV3ForCausalLM, load_model  # noqa: E402
 import reference_kimi as rk  # noqa: E402
 from safetensors_io import entry, write_safetensors  # noqa: E402
@@ -70,6 +71,7 @@ CONFIGS = {
     "tiny_v2lite": (TINY_V2LITE, 2, False, 1, False),
     "tiny_fp8": (TINY_QLORA, 3, True, 2, True),
     "tiny_kimi_linear": (PRESETS["tiny_kimi_linear"], 4, False, 1, False),
+    "tiny_k3": (PRESETS["tiny_k3"], 5, False, 1, False),
 }
 
 TOL = {"logits_rel_max_abs": 1e-3, "hidden_rel_max_abs": 1e-3, "top1": "identical at every position"}
@@ -114,6 +116,8 @@ def write_golden(dirpath, ids, logits, hidden, meta, n_hidden=2):
 
 def golden_random(name):
     cfgd, seed, use_fp8, shards, mtp = CONFIGS[name]
+    if rk.is_k3_config(cfgd):
+        return golden_k3(name)
     if rk.is_kimi_config(cfgd):
         return golden_kimi(name)
     d = os.path.join(ROOT, "tests", "golden", name)
@@ -248,6 +252,146 @@ def golden_kimi(name, tries=300):
     print("%-16s T=%d margin=%.4f row_margin=%.4f routing_gap=%.2e fp64=%.1e inc=%.1e max|logit|=%.3f dir=%.2f MB"
           % (name, T, margin(logits), row_margin(logits), gap, fp64_err, inc_err, logits.abs().max().item(),
              size / 1e6))
+
+
+K3_T = 40  # crosses a 16- and 32-token chunk boundary of a chunked KDA prefill
+
+
+def k3_forward(model, ids):
+    """logits, hidden (P after each layer), final pre-norm mix, smallest routing gap, expert ids
+    chosen per MoE layer."""
+    with torch.no_grad():
+        logits, hidden, mix = model(ids.long(), return_hidden=True, return_mix=True)
+    moes = [(i, l.block_sparse_moe) for i, l in enumerate(model.layers) if hasattr(l, "block_sparse_moe")]
+    gap = min(m.last_gap for _, m in moes)
+    return logits, hidden, mix, gap, {i: m.last_idx.clone() for i, m in moes}
+
+
+def golden_k3(name, tries=300):
+    """tests/golden/<name>/ for a Kimi K3 config: config.json + model.safetensors (language_model.*
+    tensors; routed experts MXFP4), golden.safetensors (T = 40):
+      input_ids        I32 [T]
+      logits           F32 [T, vocab]
+      hidden.layer<i>  F32 [T, hidden]  P after decoder layer i: the running AttnRes partial sum the
+                                        layer returns (restarted on block-write layers), not the sum
+                                        of all layer outputs
+    and golden_decode.safetensors (prefill of T/2 tokens, then one token at a time):
+      input_ids                            I32 [T]
+      state.prefill.layer<i>.recurrent     F32 [H, K, V]   KDA state after the prefill (S[k][v])
+      state.prefill.layer<i>.conv_{q,k,v}  F32 [W-1, H*K]  the last W-1 projected inputs, oldest first
+    The per-step logits of that run equal golden.safetensors' logits (measured difference in the
+    metadata); they are not stored again, nor the final states nor the output-side mix: the
+    checkpoint alone is 2.31 MB and the fixture must stay under 2.5 MiB.
+    Inputs: the random ids (of `tries`) that maximize min(per-row top-1 margin / 3e-3, smallest
+    routing gap / 3e-4)."""
+    import reference_model as rm
+    cfgd, seed, _, _, _ = CONFIGS[name]
+    d = os.path.join(ROOT, "tests", "golden", name)
+    cfg = make(cfgd, d, seed=seed, init="fanin")
+    model = load_model(d)
+    assert isinstance(model, rk.KimiK3ForConditionalGeneration)
+    ref = model.state_dict()
+    assert {n: list(v.shape) for n, v in ref.items()} == {n: sh for n, sh, _ in k3_tensor_specs(cfg)}
+    g = torch.Generator().manual_seed(1000 + seed)
+    best = None
+    for _ in range(tries):
+        ids = torch.randint(2, cfg.vocab_size, (K3_T,), generator=g)
+        logits, hidden, mix, gap, chosen = k3_forward(model, ids)
+        score = min(row_margin(logits) / 3e-3, gap / 3e-4)
+        if best is None or score > best[0]:
+            best = (score, ids, logits, hidden, mix, gap, chosen)
+        if score >= 1.0:
+            break
+    _, ids, logits, hidden, mix, gap, chosen = best
+    T, P = K3_T, K3_T // 2
+
+    with torch.no_grad():
+        cache = model.new_cache()
+        rows = [model(ids[None, :P], cache=cache)[0]]
+        prefill_state = [{k: v[0].clone() for k, v in c.items()} if l.is_kda else None
+                         for l, c in zip(model.layers, cache)]
+        for t in range(P, T):
+            rows.append(model(ids[None, t:t + 1], cache=cache)[0])
+    inc = torch.cat(rows, 0)
+    inc_err = max(((inc[t] - logits[t]).abs().max() / logits[t].abs().max()).item() for t in range(T))
+    assert inc_err < 1e-5, inc_err
+
+    rm.CD = torch.float64
+    try:
+        with torch.no_grad():
+            l64 = rk.load_k3(d, torch.float64)(ids.long())
+    finally:
+        rm.CD = torch.float32
+    fp64_err = max(((logits[t].double() - l64[t]).abs().max() / l64[t].abs().max()).item() for t in range(T))
+
+    # per-step decays exp(g) of the KDA layers and the AttnRes mixing weights on this input
+    decays, mixw = [], []
+    orig_inputs, orig_mix = rk.KimiDeltaAttention.inputs, rk.attn_res_mix
+
+    def spy_inputs(self, x, state=None):
+        r = orig_inputs(self, x, state)
+        decays.append(r[0][3].exp().flatten())
+        return r
+
+    def spy_mix(rows_, norm, proj):
+        v = torch.stack([r.to(rm.CD) for r in rows_], dim=-2)
+        mixw.append(torch.softmax(torch.nn.functional.linear(norm(v), proj.weight)[..., 0], -1))
+        return orig_mix(rows_, norm, proj)
+    rk.KimiDeltaAttention.inputs, rk.attn_res_mix = spy_inputs, spy_mix
+    try:
+        with torch.no_grad():
+            model(ids.long())
+    finally:
+        rk.KimiDeltaAttention.inputs, rk.attn_res_mix = orig_inputs, orig_mix
+    decays = torch.cat(decays)
+    multi = [w for w in mixw if w.shape[-1] > 1]
+    usage = {str(i): torch.bincount(c.flatten(), minlength=cfg.num_experts).tolist() for i, c in chosen.items()}
+    edge = ["layer %d expert %d %s row %d group %d: e8m0 %d, chosen for %d of %d tokens"
+            % (l, e, w, r, gi, sb, int((chosen[l] == e).any(-1).sum()), T)
+            for (l, e, w, r, gi), sb in sorted(K3_EDGE_GROUPS.items())]
+
+    kda = [i for i, l in enumerate(model.layers) if l.is_kda]
+    meta = {
+        "name": name, "model_dir": os.path.relpath(d, ROOT), "checkpoint_seed": seed, "fp8": False,
+        "init": "fanin (matrices N(0, 1/in), conv N(0, 1/W), embeddings N(0,1), norms 1+0.1N); A = exp(A_log) "
+                "~ U(1, 2) per head (A_log 1-D [head_dim], zero padded); dt_bias ~ U(-5, -3); routed experts: "
+                "fan-in fp32 masters quantized to MXFP4 (e8m0 per 32, nearest e2m1, ties to even)",
+        "shards": 1, "mtp_layer_present": False, "tolerance": TOL,
+        "min_top1_margin_rel": margin(logits), "min_top1_margin_rel_per_row": row_margin(logits),
+        "min_routing_gap": gap, "fp64_vs_fp32_logits_rel": fp64_err,
+        "kda_decay_quantiles_1_50_99": [round(decays.quantile(q).item(), 5) for q in (0.01, 0.5, 0.99)],
+        "attn_res_mix_max_weight_mean_min": [round(torch.cat([w.max(-1)[0].flatten() for w in multi]).mean().item(), 4),
+                                             round(torch.cat([w.max(-1)[0].flatten() for w in multi]).min().item(), 4)],
+        "layers": ["kda" if l.is_kda else "mla" for l in model.layers],
+        "bank_write_layers": [i for i in range(cfg.num_hidden_layers) if i % cfg.attn_res_block_size == 0],
+        "expert_usage_per_moe_layer": usage, "mxfp4_edge_groups": edge,
+        "note": "reference = tools/reference_kimi.py K3 part (sglang/vLLM semantics), fp32 compute, bf16/f32 "
+                "weights upcast, MXFP4 experts dequantized exactly; hidden.layer<i> = the AttnRes running "
+                "partial sum P after layer i (see tests/golden/README.md); golden_decode.safetensors holds "
+                "the KDA state after a prefill of prefill_len tokens",
+    }
+    ents = [entry("input_ids", ids.to(torch.int32)), entry("logits", logits.float().contiguous())]
+    ents += [entry("hidden.layer%d" % i, h.float().contiguous()) for i, h in enumerate(hidden)]
+    write_safetensors(os.path.join(d, "golden.safetensors"), ents, {"meta": json.dumps(meta)})
+
+    ents = [entry("input_ids", ids.to(torch.int32))]
+    for i in kda:
+        for key in ("recurrent", "conv_q", "conv_k", "conv_v"):
+            ents.append(entry("state.prefill.layer%d.%s" % (i, key), prefill_state[i][key].float().contiguous()))
+    dmeta = {"name": name, "prefill_len": P, "tolerance": TOL, "incremental_vs_full_logits_rel": inc_err,
+             "note": "prefill input_ids[:prefill_len] in one pass, then one token per step carrying the KDA conv + "
+                     "recurrent state and the MLA cache; the logits of that run equal golden.safetensors' logits "
+                     "(the reference is causal) up to incremental_vs_full_logits_rel, so a decode test compares "
+                     "each step with those rows. recurrent is S[h][k][v] (o = S^T q; vLLM stores [h][v][k]); "
+                     "conv_* hold the last W-1 projected (pre-conv) inputs, oldest first, fp32"}
+    write_safetensors(os.path.join(d, "golden_decode.safetensors"), ents, {"meta": json.dumps(dmeta)})
+    size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+    print("%-16s T=%d margin=%.4f row_margin=%.4f routing_gap=%.2e fp64=%.1e inc=%.1e max|logit|=%.3f "
+          "dir=%d bytes (%.3f MiB)" % (name, T, margin(logits), row_margin(logits), gap, fp64_err, inc_err,
+                                      logits.abs().max().item(), size, size / 2 ** 20))
+    for k in ("kda_decay_quantiles_1_50_99", "attn_res_mix_max_weight_mean_min", "expert_usage_per_moe_layer",
+              "mxfp4_edge_groups"):
+        print("   ", k, meta[k])
 
 
 def golden_mtp(name):

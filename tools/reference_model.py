@@ -418,13 +418,16 @@ def load_mtp(ckpt_dir, dtype=torch.float32):
 def load_model(ckpt_dir, dtype=torch.float32):
     """Builds the model from an HF checkpoint dir; FP8 weights are dequantized
     (W = e4m3(q) * scale_inv per 128x128 block), MTP layers (index >= num_hidden_layers) skipped.
-    The architecture follows config.json "architectures": KimiLinearForCausalLM is built by
-    reference_kimi.py, everything else (DeepSeek-V2/V3, Kimi K2) here."""
+    The architecture follows config.json "architectures": KimiLinearForCausalLM and
+    KimiK3ForConditionalGeneration are built by reference_kimi.py, everything else (DeepSeek-V2/V3,
+    Kimi K2) here."""
     from safetensors_io import read_checkpoint_dir
     import fp8
     with open(os.path.join(ckpt_dir, "config.json")) as f:
         raw_cfg = json.load(f)
     import reference_kimi
+    if reference_kimi.is_k3_config(raw_cfg):
+        return reference_kimi.load_k3(ckpt_dir, dtype)
     if reference_kimi.is_kimi_config(raw_cfg):
         return reference_kimi.load_kimi(ckpt_dir, dtype)
     cfg = Config.load(ckpt_dir)
