@@ -30,6 +30,8 @@ const std::vector<Family>& families() {
       {"DeepseekV3ForCausalLM", {"deepseek_v3", "kimi_k2"}},
       {"DeepseekV2ForCausalLM", {"deepseek_v2"}},
       {"KimiLinearForCausalLM", {"kimi_linear"}},
+      // Kimi K3: a vision tower plus a Kimi Linear text model in text_config (only that is read)
+      {"KimiK3ForConditionalGeneration", {"kimi_k3"}},
   };
   return kFamilies;
 }
@@ -67,7 +69,7 @@ ModelConfig family_defaults(std::string_view architecture) {
     c.max_position_embeddings = 4096;
     c.bos_token_id = 0;
     c.eos_token_ids = {1};
-  } else if (architecture == "KimiLinearForCausalLM") {
+  } else if (architecture == "KimiLinearForCausalLM" || architecture == "KimiK3ForConditionalGeneration") {
     // KimiLinearConfig's defaults (moonshotai/Kimi-Linear-48B-A3B-Instruct configuration_kimi.py):
     // no MoE, MLA sizes unset (the file always gives them), sigmoid noaux_tc routing when MoE.
     c.intermediate_size = 11008;
@@ -272,18 +274,15 @@ Status read_kimi_linear_fields(const json& j, ModelConfig& c) {
   // (vLLM and sglang; ../shared/K3.md): DeepSeek-V3's noaux_tc. A softmax router has no bias.
   if (c.scoring_func == "softmax") c.topk_method = grouped && c.n_group > 1 ? "group_limited_greedy" : "greedy";
   MOAT_TRY(read_bool(j, "mla_use_nope", &c.mla_use_nope));
-  bool output_gate = false;
-  MOAT_TRY(read_bool(j, "mla_use_output_gate", &output_gate));
-  if (output_gate)
-    return make_error("config field 'mla_use_output_gate': true is Kimi K3's gated MLA, which moat does not run yet");
-  for (const char* key : {"attn_res_block_size", "routed_expert_hidden_size", "activation_situ_beta"})
-    if (auto it = j.find(key); it != j.end() && !it->is_null())
-      return make_error("config field '{}': Kimi K3's text model (attention residuals, latent MoE, SiTU) is not "
-                        "supported yet; moat runs Kimi Linear (KimiLinearForCausalLM without these fields)",
-                        key);
-  std::string act = "silu";
-  MOAT_TRY(read_string(j, "hidden_act", &act));
-  if (act != "silu") return make_error("config field 'hidden_act': expected \"silu\", got \"{}\"", act);
+  MOAT_TRY(read_bool(j, "mla_use_output_gate", &c.mla_use_output_gate));
+  MOAT_TRY(read_int(j, "attn_res_block_size", &c.attn_res_block_size));
+  MOAT_TRY(read_int(j, "routed_expert_hidden_size", &c.routed_expert_hidden_size));
+  MOAT_TRY(read_bool(j, "latent_moe_use_norm", &c.latent_moe_use_norm));
+  MOAT_TRY(read_string(j, "hidden_act", &c.hidden_act));
+  if (c.hidden_act != "silu" && c.hidden_act != "situ")
+    return make_error("config field 'hidden_act': expected \"silu\" or \"situ\", got \"{}\"", c.hidden_act);
+  MOAT_TRY(read_double(j, "activation_situ_beta", &c.situ_beta));
+  MOAT_TRY(read_double(j, "activation_situ_linear_beta", &c.situ_linear_beta));
 
   auto it = j.find("linear_attn_config");
   if (it == j.end() || it->is_null()) return ok_status();  // every layer MLA
@@ -296,6 +295,8 @@ Status read_kimi_linear_fields(const json& j, ModelConfig& c) {
   MOAT_TRY(read_int(*it, "num_heads", &la.num_heads, "linear_attn_config."));
   MOAT_TRY(read_int(*it, "head_dim", &la.head_dim, "linear_attn_config."));
   MOAT_TRY(read_int(*it, "short_conv_kernel_size", &la.short_conv_kernel_size, "linear_attn_config."));
+  MOAT_TRY(read_double(*it, "gate_lower_bound", &la.gate_lower_bound, "linear_attn_config."));
+  MOAT_TRY(read_bool(*it, "use_full_rank_gate", &la.use_full_rank_gate));
   for (auto [key, out] : {std::pair<const char*, std::vector<int64_t>*>{"kda_layers", &la.kda_layers},
                           {"full_attn_layers", &la.full_attn_layers}}) {
     const json& list = (*it)[key];
@@ -479,8 +480,22 @@ Status validate(const ModelConfig& c) {
                           c.topk_method, reachable, c.num_experts_per_tok);
     }
   }
+  MOAT_TRY(non_negative("attn_res_block_size", c.attn_res_block_size));
+  MOAT_TRY(non_negative("routed_expert_hidden_size", c.routed_expert_hidden_size));
+  MOAT_TRY(at_most("routed_expert_hidden_size", c.routed_expert_hidden_size, kMaxWidth));
+  if (c.hidden_act == "situ") {
+    MOAT_TRY(finite("activation_situ_beta", c.situ_beta));
+    MOAT_TRY(finite("activation_situ_linear_beta", c.situ_linear_beta));
+    if (!(c.situ_beta > 0) || !(c.situ_linear_beta > 0))
+      return make_error("config fields 'activation_situ_beta' / 'activation_situ_linear_beta': expected > 0, got {} / {}",
+                        c.situ_beta, c.situ_linear_beta);
+  }
   if (c.linear_attn) {
     const LinearAttentionConfig& la = *c.linear_attn;
+    if (!std::isfinite(la.gate_lower_bound) || la.gate_lower_bound > 0)
+      return make_error("config field 'linear_attn_config.gate_lower_bound': expected a finite number <= 0, got {}",
+                        la.gate_lower_bound);
+
     MOAT_TRY(positive("linear_attn_config.num_heads", la.num_heads));
     MOAT_TRY(positive("linear_attn_config.head_dim", la.head_dim));
     MOAT_TRY(positive("linear_attn_config.short_conv_kernel_size", la.short_conv_kernel_size));
@@ -582,6 +597,32 @@ Result<ModelConfig> parse_model_config(const nlohmann::json& j) {
                       c.architecture, expected, c.model_type);
   }
 
+  if (c.architecture == "KimiK3ForConditionalGeneration") {
+    // Only the text model runs (the vision tower and projector are not loaded): its config is
+    // text_config, a Kimi Linear config with K3's fields, and its tensors sit under "language_model.".
+    auto text = j.find("text_config");
+    if (text == j.end() || !text->is_object())
+      return make_error("config field 'text_config' is missing or not an object: KimiK3ForConditionalGeneration keeps "
+                        "its text model's config there");
+    json t = *text;
+    if (!t.contains("architectures")) t["architectures"] = {"KimiLinearForCausalLM"};
+    if (!t.contains("model_type")) t["model_type"] = "kimi_linear";
+    auto inner = parse_model_config(t);
+    if (!inner.ok()) return make_error("text_config: {}", inner.error().message);
+    if (inner->architecture != "KimiLinearForCausalLM")
+      return make_error("text_config: expected a KimiLinearForCausalLM (kimi_linear) text model, got {}",
+                        inner->architecture);
+    ModelConfig k3 = std::move(inner).value();
+    k3.architecture = c.architecture;
+    k3.model_type = c.model_type;
+    k3.weight_prefix = "language_model.";
+    if (k3.linear_attn && k3.linear_attn->num_heads > k3.linear_attn->head_dim)
+      return make_error("text_config.linear_attn_config.num_heads: {} heads, but K3's A_log holds head_dim ({}) "
+                        "entries, one per head",
+                        k3.linear_attn->num_heads, k3.linear_attn->head_dim);
+    return k3;
+  }
+
   for (const char* key : {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"})
     MOAT_TRY(require(j, key));
   MOAT_TRY(read_int(j, "vocab_size", &c.vocab_size));
@@ -633,10 +674,12 @@ Result<ModelConfig> parse_model_config(const nlohmann::json& j) {
   MOAT_TRY(read_string(j, "topk_method", &c.topk_method));
   MOAT_TRY(read_string(j, "scoring_func", &c.scoring_func));
 
-  if (c.architecture == "KimiLinearForCausalLM") MOAT_TRY(read_kimi_linear_fields(j, c));
+  if (c.architecture == "KimiLinearForCausalLM" || c.architecture == "KimiK3ForConditionalGeneration")
+    MOAT_TRY(read_kimi_linear_fields(j, c));
 
   // Kimi Linear's config gives its context as model_max_length (no max_position_embeddings).
-  if (c.architecture == "KimiLinearForCausalLM" && !j.contains("max_position_embeddings"))
+  if (c.architecture != "DeepseekV3ForCausalLM" && c.architecture != "DeepseekV2ForCausalLM" &&
+      !j.contains("max_position_embeddings"))
     MOAT_TRY(read_int(j, "model_max_length", &c.max_position_embeddings));
   MOAT_TRY(read_int(j, "max_position_embeddings", &c.max_position_embeddings));
   MOAT_TRY(read_double(j, "rope_theta", &c.rope_theta));

@@ -43,6 +43,11 @@ struct LinearAttentionConfig {
   int64_t short_conv_kernel_size = 4;  // depthwise causal conv width on q, k, v
   std::vector<int64_t> kda_layers;        // 1-based, as config.json writes them
   std::vector<int64_t> full_attn_layers;  // 1-based; the MLA layers
+  // Kimi K3: decay g = gate_lower_bound * sigmoid(exp(A_log[h]) * (raw + dt_bias)) when < 0, else
+  // Kimi Linear's -exp(A_log[h]) * softplus(raw + dt_bias); the output gate full rank (g_proj)
+  // instead of g_b(g_a(x)).
+  double gate_lower_bound = 0.0;
+  bool use_full_rank_gate = false;
 };
 
 struct ModelConfig {
@@ -89,6 +94,16 @@ struct ModelConfig {
   // rope-width slice of q and of the shared key is used unrotated).
   std::optional<LinearAttentionConfig> linear_attn;
   bool mla_use_nope = false;
+
+  // Kimi K3's text model (KimiK3ForConditionalGeneration: text_config, weights under
+  // "language_model."; ../shared/K3.md).
+  std::string weight_prefix;                // "" or "language_model." before every tensor name
+  bool mla_use_output_gate = false;         // attention output * sigmoid(g_proj(x)) before o_proj
+  int64_t attn_res_block_size = 0;          // attention residuals (AttnRes) when > 0
+  int64_t routed_expert_hidden_size = 0;    // latent MoE: routed experts in this width when > 0
+  bool latent_moe_use_norm = false;         // RMSNorm on the latent expert sum
+  std::string hidden_act = "silu";          // "silu" or "situ"
+  double situ_beta = 4.0, situ_linear_beta = 25.0;  // situ: b*tanh(g/b)*sigmoid(g) * l*tanh(u/l)
 
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;  // config's eos_token_id, int or list

@@ -71,6 +71,19 @@ Status DeepseekModel::load_weights() {
   if (c.tie_word_embeddings && !options_.mtp) lm_head_ = embed_tokens_;  // an MTP head has its own
   for (LayerWeights& L : layers_)
     if (!L.kda) absorb_kv_b(L.attn);
+  // AttnRes scores a row by sum_d row[d] * norm[d] * proj[d] / rms(row): one product vector per site.
+  auto product = [](const std::vector<float>& a, const std::vector<float>& b) {
+    std::vector<float> p(a.size());
+    for (size_t i = 0; i < a.size(); ++i) p[i] = a[i] * b[i];
+    return p;
+  };
+  if (c.attn_res_block_size > 0) {
+    for (LayerWeights& L : layers_) {
+      L.res_attn_mix = product(L.res_attn_norm, L.res_attn_proj);
+      L.res_mlp_mix = product(L.res_mlp_norm, L.res_mlp_proj);
+    }
+    res_output_mix_ = product(res_output_norm_, res_output_proj_);
+  }
   return ok_status();
 }
 
@@ -110,6 +123,7 @@ WeightMatrix* DeepseekModel::matrix_slot(const TensorSpec& t) {
           case Role::kda_b_proj: slot = &K.b_proj; break;
           case Role::kda_g_a_proj: slot = &K.g_a_proj; break;
           case Role::kda_g_b_proj: slot = &K.g_b_proj; break;
+          case Role::kda_g_proj: slot = &created(K.g_proj); break;
           case Role::o_proj: slot = &K.o_proj; break;
           default: break;
         }
@@ -123,6 +137,7 @@ WeightMatrix* DeepseekModel::matrix_slot(const TensorSpec& t) {
         case Role::kv_a_proj: slot = &A.kv_a_proj_with_mqa; break;
         case Role::kv_b_proj: slot = &A.kv_b_proj; break;
         case Role::o_proj: slot = &A.o_proj; break;
+        case Role::attn_output_gate: slot = &created(A.output_gate); break;
         default: break;
       }
       break;
@@ -142,6 +157,10 @@ WeightMatrix* DeepseekModel::matrix_slot(const TensorSpec& t) {
       break;
     case Part::shared_experts:
       if (L->moe) slot = mlp_slot(created(L->moe->shared), t.role);
+      break;
+    case Part::latent_moe:
+      if (L->moe && t.role == Role::latent_down_proj) slot = &created(L->moe->latent_down);
+      if (L->moe && t.role == Role::latent_up_proj) slot = &created(L->moe->latent_up);
       break;
     default: break;
   }
@@ -171,6 +190,13 @@ std::vector<float>* DeepseekModel::vector_slot(const TensorSpec& t) {
     case Role::kda_a_log: if (L->kda) slot = &L->kda->a_log; break;
     case Role::kda_dt_bias: if (L->kda) slot = &L->kda->dt_bias; break;
     case Role::kda_o_norm: if (L->kda) slot = &L->kda->o_norm; break;
+    case Role::latent_norm: if (L->moe) slot = &L->moe->latent_norm; break;
+    case Role::res_attn_norm: slot = &L->res_attn_norm; break;
+    case Role::res_attn_proj: slot = &L->res_attn_proj; break;
+    case Role::res_mlp_norm: slot = &L->res_mlp_norm; break;
+    case Role::res_mlp_proj: slot = &L->res_mlp_proj; break;
+    case Role::res_output_norm: slot = &res_output_norm_; break;
+    case Role::res_output_proj: slot = &res_output_proj_; break;
     default: break;
   }
   MOAT_CHECK(slot, "{}: the weight spec lists a vector this model has no place for", t.name);
@@ -252,6 +278,17 @@ void DeepseekModel::reserve(int64_t T) {
   grow(mlp_gate_, T * inter);
   grow(mlp_up_, T * inter);
   grow(router_logits_, T * std::max<int64_t>(1, c.n_routed_experts));
+  if (c.attn_res_block_size > 0) {
+    const int64_t rows = (c.num_hidden_layers + c.attn_res_block_size - 1) / c.attn_res_block_size;
+    grow(res_bank_, rows * T * H);
+    grow(res_mixed_, T * H);
+  }
+  if (c.routed_expert_hidden_size > 0) {
+    grow(latent_z_, T * c.routed_expert_hidden_size);
+    grow(latent_sum_, T * c.routed_expert_hidden_size);
+    grow(latent_up_, T * H);
+  }
+  if (c.mla_use_output_gate) grow(attn_gate_, T * heads * c.v_head_dim);
   grow(logits_in_, T * H);
   if (options_.mtp) grow(mtp_cat_, T * 2 * H);
   if (c.linear_attn) {
@@ -321,16 +358,34 @@ void DeepseekModel::forward(const ForwardBatch& batch, PagedLatentCache& cache, 
     ops_.matmul(cat, T, mtp_eh_proj_, x);
   }
 
+  // Kimi K3's attention residuals: x is the running sum P of the current block; each sublayer
+  // reads a softmax-weighted mix of the bank of earlier blocks' sums and P, and every
+  // attn_res_block_size layers P joins the bank and restarts at 0. Without AttnRes the mix is x.
+  const int64_t block = c.attn_res_block_size;
+  std::vector<const float*> rows;  // the bank's rows, then P
+  auto mixed = [&](const std::vector<float>& weight) -> const float* {
+    if (block == 0) return x;
+    rows.push_back(x);
+    attn_res_mix(rows.data(), static_cast<int64_t>(rows.size()), T, weight, res_mixed_.data());
+    rows.pop_back();
+    return res_mixed_.data();
+  };
   for (int64_t i = 0; i < num_layers(); ++i) {
     const LayerWeights& L = layers_[i];
-    ops_.rms_norm(x, L.input_layernorm.data(), T, H, static_cast<float>(c.rms_norm_eps), h);
+    ops_.rms_norm(mixed(L.res_attn_mix), L.input_layernorm.data(), T, H, eps, h);
+    if (block > 0 && i % block == 0) {
+      float* row = res_bank_.data() + static_cast<int64_t>(rows.size()) * T * H;
+      std::memcpy(row, x, sizeof(float) * T * H);
+      rows.push_back(row);
+      std::fill(x, x + T * H, 0.0f);
+    }
     if (L.kda) {
       kda_attention(*L.kda, kda_layer_index_[i], batch, *extras.states, h, tmp_.data());
     } else {
       attention(L, batch, cache, h, tmp_.data());
     }
     ops_.add_scaled(x, tmp_.data(), 1.0f, T * H);
-    ops_.rms_norm(x, L.post_attention_layernorm.data(), T, H, static_cast<float>(c.rms_norm_eps), h);
+    ops_.rms_norm(mixed(L.res_mlp_mix), L.post_attention_layernorm.data(), T, H, eps, h);
     if (L.moe) {
       moe(*L.moe, h, T, tmp_.data());
     } else {
@@ -339,9 +394,11 @@ void DeepseekModel::forward(const ForwardBatch& batch, PagedLatentCache& cache, 
     ops_.add_scaled(x, tmp_.data(), 1.0f, T * H);
     if (on_layer_output) on_layer_output(i, x, T);
   }
+  // What the final norm reads: the output mix under AttnRes, else the residual stream.
+  const float* final_in = mixed(res_output_mix_);
 
-  if (extras.residual) std::memcpy(extras.residual, x, sizeof(float) * T * H);
-  if (extras.final_hidden) ops_.rms_norm(x, final_norm_.data(), T, H, eps, extras.final_hidden);
+  if (extras.residual) std::memcpy(extras.residual, final_in, sizeof(float) * T * H);
+  if (extras.final_hidden) ops_.rms_norm(final_in, final_norm_.data(), T, H, eps, extras.final_hidden);
 
   // Only the rows that need logits go through the final norm and lm_head.
   const int64_t R = static_cast<int64_t>(batch.logit_rows.size());
@@ -349,7 +406,7 @@ void DeepseekModel::forward(const ForwardBatch& batch, PagedLatentCache& cache, 
   for (int64_t r = 0; r < R; ++r) {
     const int32_t row = batch.logit_rows[r];
     MOAT_CHECK(row >= 0 && row < T, "logit row {} outside batch of {}", row, T);
-    std::memcpy(logits_in_.data() + r * H, x + row * H, sizeof(float) * H);
+    std::memcpy(logits_in_.data() + r * H, final_in + row * H, sizeof(float) * H);
   }
   ops_.rms_norm(logits_in_.data(), final_norm_.data(), R, H, static_cast<float>(c.rms_norm_eps), logits_in_.data());
   ops_.matmul(logits_in_.data(), R, lm_head_, logits);
@@ -403,6 +460,10 @@ void DeepseekModel::attention(const LayerWeights& layer, const ForwardBatch& bat
   ops_.head_matmul({.x = attn_latent_.data(), .x_token_stride = heads * kv_lora, .x_head_stride = kv_lora,
                     .num_tokens = T, .num_heads = heads, .weights = A.w_uv.data(), .y = attn_v_.data(),
                     .y_token_stride = heads * vdim, .y_head_stride = vdim});
+  if (A.output_gate) {  // K3: attn_v * sigmoid(g_proj(x)), per element
+    ops_.matmul(x, T, *A.output_gate, attn_gate_.data());
+    ops_.sigmoid_mul(attn_v_.data(), attn_gate_.data(), T * heads * vdim, attn_v_.data());
+  }
   ops_.matmul(attn_v_.data(), T, A.o_proj, out);  // [T, hidden]
 }
 
@@ -410,8 +471,23 @@ void DeepseekModel::mlp(const MlpWeights& w, const float* x, int64_t T, float* o
   const int64_t n = w.gate_proj.out_features;
   ops_.matmul(x, T, w.gate_proj, gate);  // [T, n]
   ops_.matmul(x, T, w.up_proj, up);      // [T, n]
-  ops_.silu_mul(gate, up, T, n, gate);
+  gated_activation(gate, up, T, n);
   ops_.matmul(gate, T, w.down_proj, out);  // [T, hidden]
+}
+
+void DeepseekModel::gated_activation(float* gate, const float* up, int64_t T, int64_t n) {
+  if (config_.hidden_act == "situ") {
+    ops_.situ_mul(gate, up, T, n, static_cast<float>(config_.situ_beta), static_cast<float>(config_.situ_linear_beta),
+                  gate);
+  } else {
+    ops_.silu_mul(gate, up, T, n, gate);
+  }
+}
+
+void DeepseekModel::attn_res_mix(const float* const* rows, int64_t num_rows, int64_t T, const std::vector<float>& weight,
+                                 float* out) {
+  ops_.attn_res_mix({.rows = rows, .num_rows = num_rows, .num_tokens = T, .dim = config_.hidden_size,
+                     .weight = weight.data(), .eps = static_cast<float>(config_.rms_norm_eps), .out = out});
 }
 
 void DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t T, float* out) {
@@ -436,10 +512,28 @@ void DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t T, float* o
     std::fill(out, out + T * H, 0.0f);
   }
 
-  // Routed experts, weighted, added onto the shared experts' output.
-  ops_.moe_experts({.x = x, .num_tokens = T, .hidden = H, .top_k = K, .topk_ids = topk_ids_.data(),
+  const ops::GatedActivation act = c.hidden_act == "situ" ? ops::GatedActivation::situ : ops::GatedActivation::silu;
+  if (!w.latent_down) {
+    // Routed experts, weighted, added onto the shared experts' output.
+    ops_.moe_experts({.x = x, .num_tokens = T, .hidden = H, .top_k = K, .topk_ids = topk_ids_.data(),
+                      .topk_weights = topk_weights_.data(), .experts = w.experts.data(), .num_experts = E,
+                      .intermediate = c.moe_intermediate_size, .out = out, .activation = act,
+                      .situ_beta = static_cast<float>(c.situ_beta), .situ_linear_beta = static_cast<float>(c.situ_linear_beta)});
+    return;
+  }
+  // K3's latent MoE: the experts' weighted sum is formed in the latent space [T, R], normed, and
+  // projected back onto the shared experts' output.
+  const int64_t R = c.routed_expert_hidden_size;
+  ops_.matmul(x, T, *w.latent_down, latent_z_.data());
+  std::fill(latent_sum_.data(), latent_sum_.data() + T * R, 0.0f);
+  ops_.moe_experts({.x = latent_z_.data(), .num_tokens = T, .hidden = R, .top_k = K, .topk_ids = topk_ids_.data(),
                     .topk_weights = topk_weights_.data(), .experts = w.experts.data(), .num_experts = E,
-                    .intermediate = c.moe_intermediate_size, .out = out});
+                    .intermediate = c.moe_intermediate_size, .out = latent_sum_.data(), .activation = act,
+                    .situ_beta = static_cast<float>(c.situ_beta), .situ_linear_beta = static_cast<float>(c.situ_linear_beta)});
+  if (!w.latent_norm.empty())
+    ops_.rms_norm(latent_sum_.data(), w.latent_norm.data(), T, R, static_cast<float>(c.rms_norm_eps), latent_sum_.data());
+  ops_.matmul(latent_sum_.data(), T, *w.latent_up, latent_up_.data());
+  ops_.add_scaled(out, latent_up_.data(), 1.0f, T * H);
 }
 
 double DeepseekModel::weight_bytes_per_step(int64_t tokens) const {

@@ -35,6 +35,7 @@ struct MlaWeights {
   std::vector<float> kv_a_layernorm;     // [kv_lora]
   WeightMatrix kv_b_proj;                // [heads * (nope + v), kv_lora]: per head W_UK then W_UV
   WeightMatrix o_proj;                   // [hidden, heads * v]
+  std::optional<WeightMatrix> output_gate;  // K3 g_proj [heads * v, hidden]: out * sigmoid(g_proj(x))
   // W_UK transposed per head, so absorbing q_nope into latent space is a plain matmul:
   // [heads][kv_lora, nope]. The one weight moat copies: bf16 when kv_b is bf16 (exact) or fp8
   // without exact activations (W8A16: one more rounding of the dequantized value, 2^-9), else fp32.
@@ -52,6 +53,10 @@ struct MoeWeights {
   std::vector<float> score_bias;         // e_score_correction_bias [n_routed] (noaux_tc)
   std::vector<MlpWeights> experts;       // [n_routed]
   std::optional<MlpWeights> shared;      // width n_shared * moe_intermediate
+  // K3's latent MoE: routed experts work on z = latent_down(x) [latent]; their weighted sum is
+  // normed and brought back by latent_up [hidden, latent]. Experts' hidden width is then latent.
+  std::optional<WeightMatrix> latent_down, latent_up;
+  std::vector<float> latent_norm;        // [latent] when latent_moe_use_norm
 };
 
 // Kimi Delta Attention (Kimi Linear). width = heads * K, K = head_dim (= V).
@@ -63,6 +68,7 @@ struct KdaWeights {
   std::vector<float> dt_bias;                    // [width]
   WeightMatrix b_proj;                           // [heads, hidden]: beta logits
   WeightMatrix g_a_proj, g_b_proj;               // [K, hidden], [width, K]: output gate (low rank)
+  std::optional<WeightMatrix> g_proj;            // [width, hidden]: K3's full-rank output gate
   std::vector<float> o_norm;                     // [K]
   WeightMatrix o_proj;                           // [hidden, width]
 };
@@ -72,6 +78,10 @@ struct LayerWeights {
   MlaWeights attn;                                               // MLA layers
   std::optional<KdaWeights> kda;                                 // KDA layers (then attn is empty)
   int64_t cache_layer = -1;                                      // MLA: its layer in the latent cache
+  // K3 attention residuals: a norm weight [hidden] and a projection [1, hidden] per mix site;
+  // res_*_mix = their product, the one vector the mix uses.
+  std::vector<float> res_attn_norm, res_attn_proj, res_attn_mix;
+  std::vector<float> res_mlp_norm, res_mlp_proj, res_mlp_mix;
   std::optional<MlpWeights> dense_mlp;
   std::optional<MoeWeights> moe;
 };
@@ -174,6 +184,10 @@ class DeepseekModel {
                      const float* x, float* out);
   // gate/up: scratch [T, intermediate] each.
   void mlp(const MlpWeights& w, const float* x, int64_t T, float* out, float* gate, float* up);
+  // gate[T, n] = act(gate) * up: SiLU, or K3's SiTU (config hidden_act)
+  void gated_activation(float* gate, const float* up, int64_t T, int64_t n);
+  // out[T, hidden] = the AttnRes mix of rows (bank rows then the running sum P) with weight [hidden]
+  void attn_res_mix(const float* const* rows, int64_t num_rows, int64_t T, const std::vector<float>& weight, float* out);
   void moe(const MoeWeights& w, const float* x, int64_t T, float* out);
   void reserve(int64_t T);
 
@@ -200,6 +214,10 @@ class DeepseekModel {
   int64_t reserved_tokens_ = 0;
   Buffer x_, h_, tmp_, q_, q_lora_, kv_, q_full_, attn_latent_, attn_v_;
   Buffer mlp_gate_, mlp_up_, router_logits_;
+  // K3: the attention-residual bank [rows, T, hidden], the mixed sublayer input, the output
+  // mix's weights; the latent MoE's z and expert sum [T, latent]; MLA's output gate [T, heads * v]
+  Buffer res_bank_, res_mixed_, latent_z_, latent_sum_, latent_up_, attn_gate_;
+  std::vector<float> res_output_norm_, res_output_proj_, res_output_mix_;
   Buffer logits_in_;
   std::vector<int32_t> topk_ids_;   // [T, top_k]
   std::vector<float> topk_weights_;  // [T, top_k]

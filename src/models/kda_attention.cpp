@@ -1,9 +1,10 @@
 // Kimi Delta Attention, one layer (Kimi Linear; ../shared/K3.md), as vLLM runs it:
 //   q, k, v = silu(causal_conv(q_proj(x))), ... (per channel, conv state per request)
 //   g = -exp(A_log[h]) * softplus(f_b(f_a(x)) + dt_bias)      per-channel log decay
+//       (K3: gate_lower_bound * sigmoid(exp(A_log[h]) * (f_b(f_a(x)) + dt_bias)))
 //   beta = sigmoid(b_proj(x))                                  per head
 //   o = KDA recurrence over q, k (L2-normed, q * K^-0.5), v    fp32 state [K, V] per head
-//   out = o_proj(rms_norm(o per head) * o_norm * sigmoid(g_b(g_a(x))))
+//   out = o_proj(rms_norm(o per head) * o_norm * sigmoid(g_b(g_a(x))))   (K3: sigmoid(g_proj(x)))
 // Each request's state slot holds, per KDA layer: the last conv_width - 1 inputs of q, k and v
 // ([conv - 1, width] each), then the recurrent state [heads, K, V]. A fresh slot is zeros, which
 // is exactly the start of a sequence (zero conv padding, empty state).
@@ -58,7 +59,8 @@ void DeepseekModel::kda_attention(const KdaWeights& w, int64_t kda_index, const 
   ops_.matmul(x, T, w.f_a_proj, kda_low_.data());
   ops_.matmul(kda_low_.data(), T, w.f_b_proj, kda_g_.data());
   ops_.kda_gate({.raw = kda_g_.data(), .num_tokens = T, .num_heads = heads, .head_dim = K, .a_log = w.a_log.data(),
-                 .dt_bias = w.dt_bias.data(), .lower_bound = 0.0f, .g = kda_g_.data()});
+                 .dt_bias = w.dt_bias.data(), .lower_bound = static_cast<float>(la.gate_lower_bound),
+                 .g = kda_g_.data()});
   ops_.matmul(x, T, w.b_proj, kda_beta_.data());
 
   // The recurrence: long segments (prefill chunks) through the chunked kernel, the rest stepwise.
@@ -80,9 +82,13 @@ void DeepseekModel::kda_attention(const KdaWeights& w, int64_t kda_index, const 
     if (chunked) ops_.kda_chunked(args); else ops_.kda_recurrent(args);
   }
 
-  // Output gate, per-head norm, projection
-  ops_.matmul(x, T, w.g_a_proj, kda_low_.data());
-  ops_.matmul(kda_low_.data(), T, w.g_b_proj, kda_gate_out_.data());
+  // Output gate (K3: full rank), per-head norm, projection
+  if (w.g_proj) {
+    ops_.matmul(x, T, *w.g_proj, kda_gate_out_.data());
+  } else {
+    ops_.matmul(x, T, w.g_a_proj, kda_low_.data());
+    ops_.matmul(kda_low_.data(), T, w.g_b_proj, kda_gate_out_.data());
+  }
   // eps 1e-5: vLLM and sglang build o_norm with the class default, not config.rms_norm_eps (HF
   // passes the config's; the published config says 1e-5, so all agree there). 1e-6 instead moves
   // the tiny golden's logits by ~1 relative: the per-head outputs are small.

@@ -7,12 +7,14 @@ namespace moat {
 namespace {
 
 // Must cover every architecture config/model_config.cpp accepts (tests/models checks both lists).
-constexpr std::array<Architecture, 3> kArchitectures = {{
+constexpr std::array<Architecture, 4> kArchitectures = {{
     {"DeepseekV3ForCausalLM", "DeepSeek-V3, V3.1, Kimi K2 (model_type kimi_k2)", &deepseek_v3_weight_spec},
     // V2 differs in config defaults and routing (softmax, greedy / group_limited_greedy), not in
     // tensor layout.
     {"DeepseekV2ForCausalLM", "DeepSeek-V2, V2-Lite", &deepseek_v3_weight_spec},
     {"KimiLinearForCausalLM", "Kimi Linear (model_type kimi_linear: KDA + MLA hybrid)", &kimi_linear_weight_spec},
+    {"KimiK3ForConditionalGeneration", "Kimi K3 (its text model; the vision tower is not loaded)",
+     &kimi_linear_weight_spec},
 }};
 
 }  // namespace

@@ -9,8 +9,8 @@ using S = TensorStorage;
 // One SwiGLU MLP (gate, up: [inter, hidden]; down: [hidden, inter]) under `prefix` ("...mlp.",
 // "...mlp.experts.7.", "...mlp.shared_experts.").
 void add_mlp(WeightSpec& spec, int64_t layer, const std::string& prefix, Part part, int64_t inter,
-             int64_t expert = -1, const MoeNames& names = {}) {
-  const int64_t H = spec.config.hidden_size;
+             int64_t expert = -1, const MoeNames& names = {}, int64_t input_width = 0) {
+  const int64_t H = input_width > 0 ? input_width : spec.config.hidden_size;
   const bool routed = part == Part::routed_expert;
   const TpSplit in_split = routed ? TpSplit::expert : TpSplit::column;
   const TpSplit out_split = routed ? TpSplit::expert : TpSplit::row;
@@ -63,6 +63,8 @@ void add_mla_attention(WeightSpec& spec, int64_t layer, const std::string& prefi
   add("kv_a_proj_with_mqa.weight", {kv_lora + rope, H}, S::matrix, Role::kv_a_proj);
   add("kv_a_layernorm.weight", {kv_lora}, S::vector, Role::kv_a_norm);
   add("kv_b_proj.weight", {heads * nope_v, kv_lora}, S::matrix, Role::kv_b_proj, TpSplit::column, nope_v);
+  if (c.mla_use_output_gate)
+    add("g_proj.weight", {heads * c.v_head_dim, H}, S::matrix, Role::attn_output_gate, TpSplit::column, c.v_head_dim);
   add("o_proj.weight", {H, heads * c.v_head_dim}, S::matrix, Role::o_proj, TpSplit::row, c.v_head_dim);
 }
 
@@ -80,7 +82,16 @@ void add_moe(WeightSpec& spec, int64_t layer, const std::string& prefix, const M
     spec.tensors.push_back({m + "gate.e_score_correction_bias", {E}, S::vector, layer, Part::router, Role::score_bias});
   for (int64_t e = 0; e < E; ++e)
     add_mlp(spec, layer, m + "experts." + std::to_string(e) + ".", Part::routed_expert, c.moe_intermediate_size, e,
-            names);
+            names, c.routed_expert_hidden_size);  // K3's latent MoE: experts read the latent z
+  if (c.routed_expert_hidden_size > 0) {
+    const int64_t R = c.routed_expert_hidden_size;
+    spec.tensors.push_back({m + "routed_expert_down_proj.weight", {R, c.hidden_size}, S::matrix, layer, Part::latent_moe,
+                            Role::latent_down_proj});
+    if (c.latent_moe_use_norm)
+      spec.tensors.push_back({m + "routed_expert_norm.weight", {R}, S::vector, layer, Part::latent_moe, Role::latent_norm});
+    spec.tensors.push_back({m + "routed_expert_up_proj.weight", {c.hidden_size, R}, S::matrix, layer, Part::latent_moe,
+                            Role::latent_up_proj});
+  }
   if (c.n_shared_experts > 0)
     add_mlp(spec, layer, m + "shared_experts.", Part::shared_experts, c.n_shared_experts * c.moe_intermediate_size);
 }
@@ -104,11 +115,21 @@ void add_kda_attention(WeightSpec& spec, int64_t layer, const std::string& prefi
   add("v_conv1d.weight", {width, 1, conv}, S::vector, Role::kda_v_conv, TpSplit::column, K);
   add("f_a_proj.weight", {K, H}, S::matrix, Role::kda_f_a_proj);
   add("f_b_proj.weight", {width, K}, S::matrix, Role::kda_f_b_proj, TpSplit::column, K);
-  add("A_log", {1, 1, heads, 1}, S::vector, Role::kda_a_log);
+  // Kimi Linear stores A_log [1, 1, heads, 1]; K3 (lower-bounded gate) a [head_dim] vector whose
+  // first `heads` entries are the heads' (../shared/K3.md).
+  if (c.linear_attn->gate_lower_bound < 0) {
+    add("A_log", {K}, S::vector, Role::kda_a_log);
+  } else {
+    add("A_log", {1, 1, heads, 1}, S::vector, Role::kda_a_log);
+  }
   add("dt_bias", {width}, S::vector, Role::kda_dt_bias, TpSplit::column, K);
   add("b_proj.weight", {heads, H}, S::matrix, Role::kda_b_proj, TpSplit::column, 1);
-  add("g_a_proj.weight", {K, H}, S::matrix, Role::kda_g_a_proj);
-  add("g_b_proj.weight", {width, K}, S::matrix, Role::kda_g_b_proj, TpSplit::column, K);
+  if (c.linear_attn->use_full_rank_gate) {
+    add("g_proj.weight", {width, H}, S::matrix, Role::kda_g_proj, TpSplit::column, K);
+  } else {
+    add("g_a_proj.weight", {K, H}, S::matrix, Role::kda_g_a_proj);
+    add("g_b_proj.weight", {width, K}, S::matrix, Role::kda_g_b_proj, TpSplit::column, K);
+  }
   add("o_norm.weight", {K}, S::vector, Role::kda_o_norm);
   add("o_proj.weight", {H, width}, S::matrix, Role::o_proj, TpSplit::row, K);
 }

@@ -23,7 +23,7 @@
 namespace moat {
 
 enum class AttentionKind { mla, kda };  // kda: Kimi Delta Attention (Kimi Linear / K3)
-enum class FfnKind { dense, moe };      // later: latent_moe
+enum class FfnKind { dense, moe };      // moe with routed_expert_hidden_size: K3's latent MoE
 
 struct LayerSpec {
   int64_t index = 0;
@@ -43,6 +43,8 @@ enum class Part {
   routed_expert,   // mlp.experts.{expert}.*
   shared_experts,  // mlp.shared_experts.*: one MLP of width n_shared * moe_intermediate
   mtp_input,       // an MTP head's enorm, hnorm and eh_proj (models/deepseek_v3_spec.cpp)
+  attn_res,        // Kimi K3's attention residuals: the mix weights before each sublayer and the output
+  latent_moe,      // Kimi K3: routed_expert_down_proj / routed_expert_norm / routed_expert_up_proj
 };
 
 // What a tensor does inside its part.
@@ -84,7 +86,16 @@ enum class Role {
   kda_g_a_proj,       // [K, hidden]: output gate, low rank
   kda_g_b_proj,       // [width, K]
   kda_o_norm,         // [K]: per-head RMSNorm of the output
+  kda_g_proj,         // [width, hidden]: K3's full-rank output gate (use_full_rank_gate)
   // o_proj [hidden, width] is Role::o_proj
+  attn_output_gate,   // K3 MLA g_proj [heads * v, hidden]: attention output * sigmoid(g_proj(x))
+  // AttnRes (Part::attn_res): per mix site a norm weight [hidden] and a projection [1, hidden];
+  // only their product is used. Sites: before attention, before the FFN (per layer), and output.
+  res_attn_norm, res_attn_proj, res_mlp_norm, res_mlp_proj, res_output_norm, res_output_proj,
+  // Latent MoE (Part::latent_moe): x [hidden] -> z [latent] for the routed experts, and back
+  latent_down_proj,   // [latent, hidden]
+  latent_norm,        // [latent]
+  latent_up_proj,     // [hidden, latent]
 };
 
 // How tensor parallelism splits a tensor across ranks (issue 15). Dimensions are the

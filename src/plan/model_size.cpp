@@ -119,7 +119,9 @@ ModelSize size_from_spec(const WeightSpec& spec, std::string id, std::string nam
   for (const LayerSpec& layer : spec.layers) m.kv_layers += layer.attention == AttentionKind::mla;
   m.kv_lora_rank = c.kv_lora_rank;
   m.qk_rope_head_dim = c.qk_rope_head_dim;
-  m.state_bytes_per_request = 0;
+  // KDA layers (Kimi Linear): conv inputs + fp32 state per request, split by head under TP.
+  m.state_bytes_per_request = static_cast<double>(c.state_bytes_per_request());
+  m.state_split_by_tp = true;
   m.max_context = c.max_position_embeddings;
   m.default_precision = c.quantization ? Precision::fp8 : Precision::bf16;
   m.config = c;

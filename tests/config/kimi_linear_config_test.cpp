@@ -2,6 +2,8 @@
 // layer kinds follow the 1-based linear_attn_config lists, and the state size is exact.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "config/model_config.h"
 
 namespace moat {
@@ -132,13 +134,51 @@ TEST(KimiLinearConfigErrors, LayerListsAreCheckedAndOneBased) {
   EXPECT_NE(e.find("expected a list"), std::string::npos) << e;
 }
 
-TEST(KimiLinearConfigErrors, K3OnlyFeaturesAreRefusedByName) {
-  std::string e = error_of([](json& j) { j["mla_use_output_gate"] = true; });
-  EXPECT_NE(e.find("mla_use_output_gate"), std::string::npos) << e;
-  e = error_of([](json& j) { j["attn_res_block_size"] = 12; });
-  EXPECT_NE(e.find("attn_res_block_size"), std::string::npos) << e;
-  e = error_of([](json& j) { j["hidden_act"] = "situ"; });
-  EXPECT_NE(e.find("hidden_act"), std::string::npos) << e;
+// Kimi K3: the text model's config is text_config (a Kimi Linear config with K3's fields), its
+// tensors sit under "language_model.". The fixture's config.json has the published key set.
+TEST(KimiK3Config, TextConfigOfTheTinyFixture) {
+  auto r = load_model_config(std::filesystem::path(MOAT_SOURCE_DIR) / "tests/golden/tiny_k3");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const ModelConfig& c = *r;
+  EXPECT_EQ(c.architecture, "KimiK3ForConditionalGeneration");
+  EXPECT_EQ(c.model_type, "kimi_k3");
+  EXPECT_EQ(c.weight_prefix, "language_model.");
+  EXPECT_EQ(c.hidden_size, 128);
+  EXPECT_EQ(c.num_hidden_layers, 6);
+  EXPECT_EQ(c.attn_res_block_size, 2);
+  EXPECT_EQ(c.routed_expert_hidden_size, 64);
+  EXPECT_TRUE(c.latent_moe_use_norm);
+  EXPECT_TRUE(c.mla_use_output_gate);
+  EXPECT_TRUE(c.mla_use_nope);
+  EXPECT_EQ(c.hidden_act, "situ");
+  EXPECT_DOUBLE_EQ(c.situ_beta, 4.0);
+  EXPECT_DOUBLE_EQ(c.situ_linear_beta, 25.0);
+  ASSERT_TRUE(c.linear_attn.has_value());
+  EXPECT_DOUBLE_EQ(c.linear_attn->gate_lower_bound, -5.0);
+  EXPECT_TRUE(c.linear_attn->use_full_rank_gate);
+  EXPECT_EQ(c.num_kda_layers(), 4);
+  EXPECT_FALSE(c.is_kda_layer(2));
+  EXPECT_FALSE(c.is_kda_layer(5));
+  EXPECT_EQ(c.n_shared_experts, 2);
+  ASSERT_TRUE(c.quantization.has_value());
+  EXPECT_EQ(c.quantization->weight_dtype, DType::MXFP4);
+}
+
+TEST(KimiK3ConfigErrors, TextConfigProblemsAreNamed) {
+  json k3 = {{"architectures", {"KimiK3ForConditionalGeneration"}}, {"model_type", "kimi_k3"}};
+  auto r = parse_model_config(k3);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("text_config"), std::string::npos) << r.error().message;
+  k3["text_config"] = json::parse(kKimiLinear48B);
+  k3["text_config"]["hidden_act"] = "gelu";
+  r = parse_model_config(k3);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("text_config: config field 'hidden_act'"), std::string::npos) << r.error().message;
+  k3["text_config"]["hidden_act"] = "situ";
+  k3["text_config"]["linear_attn_config"]["gate_lower_bound"] = 1.0;
+  r = parse_model_config(k3);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("gate_lower_bound"), std::string::npos) << r.error().message;
 }
 
 TEST(KimiLinearConfigErrors, ModelTypeMustBeKimiLinear) {

@@ -260,7 +260,8 @@ TEST(WeightSpec, GoldenCheckpointsHoldExactlyTheSpecsTensors) {
   const fs::path root = MOAT_SOURCE_DIR;
   int checked = 0;
   for (const fs::path& dir : {root / "tests/golden/tiny_qlora", root / "tests/golden/tiny_v2lite",
-                             root / "tests/golden/tiny_fp8", root / "models/k3-nano", root / "models/k3-nano-draft"}) {
+                             root / "tests/golden/tiny_fp8", root / "tests/golden/tiny_kimi_linear", root / "models/k3-nano",
+                             root / "models/k3-nano-draft"}) {
     if (!fs::exists(dir / "config.json")) continue;
     SCOPED_TRACE(dir.string());
     auto config = load_model_config(dir);
@@ -293,7 +294,35 @@ TEST(WeightSpec, GoldenCheckpointsHoldExactlyTheSpecsTensors) {
     EXPECT_EQ(spec_params, ckpt_params);
     ++checked;
   }
-  EXPECT_GE(checked, 3) << "the committed fixtures are missing";
+  EXPECT_GE(checked, 4) << "the committed fixtures are missing";
+}
+
+// Kimi K3's text model: every tensor of its table is in the fixture (MXFP4 experts as
+// weight_packed + weight_scale), and the checkpoint holds nothing else.
+TEST(WeightSpec, KimiK3FixtureHoldsExactlyTheSpecsTensors) {
+  const fs::path dir = fs::path(MOAT_SOURCE_DIR) / "tests/golden/tiny_k3";
+  auto config = load_model_config(dir);
+  ASSERT_TRUE(config.ok()) << config.error().message;
+  auto spec = weight_spec_for(*config);
+  ASSERT_TRUE(spec.ok()) << spec.error().message;
+  auto ckpt = Checkpoint::open(dir);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.error().message;
+  auto valid = validate_checkpoint(*ckpt, *spec);
+  EXPECT_TRUE(valid.ok()) << valid.error().message;
+  std::set<std::string> expected;
+  for (const TensorSpec& t : spec->tensors) {
+    if (ckpt->find(t.name)) {
+      expected.insert(t.name);
+    } else {
+      const std::string stem = t.name.substr(0, t.name.size() - 6);  // "...w1." of "...w1.weight"
+      EXPECT_EQ(t.part, Part::routed_expert) << t.name;
+      expected.insert(stem + "weight_packed");
+      expected.insert(stem + "weight_scale");
+    }
+  }
+  const std::vector<std::string> names = ckpt->names();
+  const std::set<std::string> present(names.begin(), names.end());
+  EXPECT_EQ(present, expected);
 }
 
 // The active-weight counts walk the spec now; these are the numbers the previous implementation
@@ -327,12 +356,12 @@ TEST(Registry, UnknownArchitectureIsRefusedWithTheSupportedList) {
   ASSERT_FALSE(a.ok());
   EXPECT_EQ(a.error().message,
             "architecture 'LlamaForCausalLM' is not supported; supported: [DeepseekV3ForCausalLM, "
-            "DeepseekV2ForCausalLM, KimiLinearForCausalLM]");
+            "DeepseekV2ForCausalLM, KimiLinearForCausalLM, KimiK3ForConditionalGeneration]");
   ModelConfig c = tiny_config();
-  c.architecture = "KimiK3ForConditionalGeneration";
+  c.architecture = "Qwen3NextForCausalLM";
   auto spec = weight_spec_for(c);
   ASSERT_FALSE(spec.ok());
-  EXPECT_HAS(spec.error().message, "'KimiK3ForConditionalGeneration' is not supported; supported: [DeepseekV3ForCausalLM");
+  EXPECT_HAS(spec.error().message, "'Qwen3NextForCausalLM' is not supported; supported: [DeepseekV3ForCausalLM");
 }
 
 // The config loader and the registry must agree on what is supported: the list config.json's
