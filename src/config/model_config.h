@@ -12,6 +12,7 @@
 
 #include "base/dtype.h"
 #include "base/status.h"
+#include "config/quantization_config.h"
 
 namespace moat {
 
@@ -23,14 +24,6 @@ struct RopeScaling {
   double beta_slow = 1.0;
   double mscale = 1.0;
   double mscale_all_dim = 0.0;
-};
-
-struct QuantizationConfig {
-  std::string quant_method;  // "fp8"
-  std::string fmt;           // "e4m3"
-  std::string activation_scheme;
-  int64_t block_out = 128;   // weight_block_size[0]
-  int64_t block_in = 128;    // weight_block_size[1]
 };
 
 struct ModelConfig {
