@@ -9,9 +9,13 @@
 // on the expert, projection and lm_head shapes (vs the lower of the two), and MLA decode
 // attention (GB/s of latent cache). Weight sets are replicated past the L3 size and cycled, so a
 // small matrix is read from DRAM as it would be when decode walks 26 layers of experts.
+// 4-bit routed experts (q4_rows): MXFP4 and INT4 (group 32) at Kimi K3's 3072 x 3584 gate/up and
+// 3584 x 3072 down and Kimi K2-Thinking's 2048 x 7168 gate/up, T = 1 (GB/s of codes + scales vs
+// bandwidth, default W4A16 and exact) and T = 16, 64 (vs the lower of the bf16 peak and streaming
+// the weights once); --4bit-only runs just the probes and these.
 // Every timed kernel is first checked against the reference kernel.
 //
-//   kernel_bench [--threads 1,2] [--markdown] [--batched-only]
+//   kernel_bench [--threads 1,2] [--markdown] [--batched-only] [--4bit-only]
 #include <immintrin.h>
 
 // GCC 12's _mm512_reduce_add_ps starts from an _mm512_undefined value: a false positive.
@@ -93,12 +97,102 @@ struct Row {
   const char* unit;
 };
 
+// `copies` 4-bit matrices [N, K] (MXFP4: e8m0 scales 2^-8..2^0; INT4: bf16 scales ~0.01), the codes
+// and scales of each copy side by side, enough to exceed the last-level cache.
+struct Q4Weights {
+  HugeBuffer<uint8_t> bytes{0};
+  std::vector<WeightMatrix> copies;
+};
+Q4Weights make_q4_weights(DType dtype, int64_t N, int64_t K, int64_t min_total_bytes) {
+  Q4Weights w;
+  const int64_t packed = N * K / 2, scale_bytes = N * K / 32 * (dtype == DType::MXFP4 ? 1 : 2);
+  const int64_t one = (packed + scale_bytes + 63) / 64 * 64;
+  const int64_t copies = std::max<int64_t>(1, (min_total_bytes + one - 1) / one);
+  w.bytes = HugeBuffer<uint8_t>(static_cast<size_t>(copies * one));
+  std::mt19937 rng(9);
+  for (int64_t c = 0; c < copies; ++c) {
+    uint8_t* p = w.bytes.data() + c * one;
+    for (int64_t i = 0; i < packed; ++i) p[i] = static_cast<uint8_t>(rng());
+    uint8_t* s = p + packed;
+    for (int64_t g = 0; g < N * K / 32; ++g) {
+      if (dtype == DType::MXFP4) {
+        s[g] = static_cast<uint8_t>(119 + rng() % 9);
+      } else {
+        const uint16_t b = f32_to_bf16(0.005f + 0.01f * static_cast<float>(rng() % 100) / 100.0f);
+        std::memcpy(s + 2 * g, &b, 2);
+      }
+    }
+    w.copies.push_back(WeightMatrix::packed_4bit(dtype, p, s, N, K));
+  }
+  return w;
+}
+
+// The 4-bit routed-expert rows: T = 1 at the default precision (x rounded to bf16, W4A16) and exact
+// (x split into bf16 hi + lo), GB/s of codes + scales against the read bandwidth; batched decode
+// T = 16 and 64 (x rounded to bf16) against the lower of the bf16 peak and streaming the weights
+// once. check: compare with the reference first. False when a kernel disagrees.
+bool q4_rows(std::vector<Row>& rows, const std::string& tt, double bw, double peak, bool check, int64_t llc_span) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  struct Shape {
+    int64_t N, K;
+  };
+  const Shape experts[] = {{3072, 3584}, {3584, 3072}, {2048, 7168}};  // K3 gate/up, K3 down, K2 gate/up
+  const auto* ref = Registry::global().kernels(OpId::matmul, Backend::reference).front();
+  for (DType dtype : {DType::MXFP4, DType::INT4_G32}) {
+    const KernelEntry* k = best_kernel(OpId::matmul, OpShape{.weight_dtype = dtype});
+    auto fn = reinterpret_cast<MatmulFn>(k->fn);
+    for (const Shape& s : experts) {
+      Q4Weights w = make_q4_weights(dtype, s.N, s.K, llc_span);
+      struct Variant {
+        int64_t T;
+        bool exact;
+      };
+      for (auto [T, exact] : {Variant{1, false}, Variant{1, true}, Variant{16, false}, Variant{64, false}}) {
+        const MatmulPrecision precision = exact ? MatmulPrecision::exact() : MatmulPrecision{};
+        std::vector<float> x(static_cast<size_t>(T * s.K)), y(static_cast<size_t>(T * s.N));
+        for (float& v : x) v = dist(rng);
+        if (check) {
+          std::vector<float> yr(y.size());
+          fn(x.data(), T, w.copies[0], y.data(), precision);
+          reinterpret_cast<MatmulFn>(ref->fn)(x.data(), T, w.copies[0], yr.data(), precision);
+          const double err = max_norm_err(y, yr);
+          if (err > 1e-2) {
+            std::fprintf(stderr, "%s (%s) disagrees with the reference: normalized error %g\n", k->name.c_str(),
+                         std::string(dtype_name(dtype)).c_str(), err);
+            return false;
+          }
+        }
+        size_t c = 0;
+        const double sec = time_per_call([&] {
+          fn(x.data(), T, w.copies[c], y.data(), precision);
+          c = (c + 1) % w.copies.size();
+        }, T == 1 ? 0.5 : 1.0);
+        const std::string what = "matmul " + std::string(dtype_name(dtype)) + " " + std::to_string(s.N) + "x" +
+                                 std::to_string(s.K) + " T=" + std::to_string(T) + (exact ? " exact" : "") + " (" + tt +
+                                 ")";
+        const double bytes = static_cast<double>(w.copies[0].bytes());
+        if (T == 1) {
+          const double gbs = bytes / sec / 1e9;
+          rows.push_back({what, k->name, gbs, bw, 100 * gbs / bw, "GB/s"});
+        } else {
+          const double flops = 2.0 * T * s.N * s.K, gflops = flops / sec / 1e9;
+          const double roof = std::min(peak, bw * flops / bytes);
+          rows.push_back({what, k->name, gflops, roof, 100 * gflops / roof, "GFLOPS"});
+        }
+      }
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<int> thread_counts = {1, 2};
   bool markdown = false;
   bool batched_only = false;  // only the probes and the batched-decode matmul rows (quick)
+  bool q4_only = false;       // only the probes and the 4-bit matmul rows
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) {
@@ -113,8 +207,10 @@ int main(int argc, char** argv) {
       markdown = true;
     } else if (a == "--batched-only") {
       batched_only = true;
+    } else if (a == "--4bit-only") {
+      q4_only = true;
     } else {
-      std::fprintf(stderr, "usage: kernel_bench [--threads 1,2] [--markdown] [--batched-only]\n");
+      std::fprintf(stderr, "usage: kernel_bench [--threads 1,2] [--markdown] [--batched-only] [--4bit-only]\n");
       return 2;
     }
   }
@@ -146,6 +242,10 @@ int main(int argc, char** argv) {
     rows.push_back({"bf16 peak (" + tt + ")", "vdpbf16ps" + chains, peak, peak, 100, "GFLOPS"});
     rows.push_back({"fp32 FMA peak (" + tt + ")", "vfmadd231ps" + chains, fp32_peak, fp32_peak, 100, "GFLOPS"});
 
+    if (q4_only) {
+      if (!q4_rows(rows, tt, bw, peak, threads == thread_counts.front(), kLlcSpan)) return 1;
+      continue;
+    }
     for (DType dtype : {DType::BF16, DType::F8_E4M3}) {
       if (batched_only) break;
       const KernelEntry* k = best_kernel(OpId::matmul, OpShape{.weight_dtype = dtype});
@@ -225,6 +325,7 @@ int main(int argc, char** argv) {
       }
     }
     if (batched_only) continue;
+    if (!q4_rows(rows, tt, bw, peak, threads == thread_counts.front(), kLlcSpan)) return 1;
 
     // MLA decode attention: one token, 16 heads, 4096 cached latents of 576 values in the paged
     // bf16 cache (blocks of 64 rows, shuffled over the pool as a serving engine leaves them).

@@ -12,20 +12,28 @@ size_t dtype_size(DType dtype) {
     case DType::F32: case DType::I32: return 4;
     case DType::F16: case DType::BF16: case DType::I16: return 2;
     case DType::F8_E4M3: case DType::I8: case DType::U8: case DType::BOOL: return 1;
+    case DType::MXFP4: case DType::INT4_G32: return 0;
   }
   return 0;
+}
+
+int dtype_bits(DType dtype) {
+  if (dtype == DType::MXFP4 || dtype == DType::INT4_G32) return 4;
+  return 8 * static_cast<int>(dtype_size(dtype));
 }
 
 namespace {
 struct NamedDType {
   DType dtype;
   std::string_view name;
+  bool safetensors;  // a safetensors element type (not one of moat's packed weight formats)
 };
 constexpr NamedDType kNames[] = {
-    {DType::F32, "F32"},         {DType::F16, "F16"}, {DType::BF16, "BF16"},
-    {DType::F8_E4M3, "F8_E4M3"}, {DType::F64, "F64"}, {DType::I64, "I64"},
-    {DType::I32, "I32"},         {DType::I16, "I16"}, {DType::I8, "I8"},
-    {DType::U8, "U8"},           {DType::BOOL, "BOOL"},
+    {DType::F32, "F32", true},         {DType::F16, "F16", true},   {DType::BF16, "BF16", true},
+    {DType::F8_E4M3, "F8_E4M3", true}, {DType::F64, "F64", true},   {DType::I64, "I64", true},
+    {DType::I32, "I32", true},         {DType::I16, "I16", true},   {DType::I8, "I8", true},
+    {DType::U8, "U8", true},           {DType::BOOL, "BOOL", true}, {DType::MXFP4, "MXFP4", false},
+    {DType::INT4_G32, "INT4_G32", false},
 };
 }  // namespace
 
@@ -37,7 +45,7 @@ std::string_view dtype_name(DType dtype) {
 
 std::optional<DType> dtype_from_name(std::string_view name) {
   for (const auto& n : kNames)
-    if (n.name == name) return n.dtype;
+    if (n.safetensors && n.name == name) return n.dtype;
   return std::nullopt;
 }
 
@@ -105,6 +113,13 @@ const float* fp8_e4m3_table() {
     return t;
   }();
   return table.data();
+}
+
+const float* int4_code_table(DType dtype) {
+  static constexpr float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  static constexpr float kInt4[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+  return dtype == DType::MXFP4 ? kE2M1 : kInt4;
 }
 
 }  // namespace moat

@@ -1,7 +1,10 @@
 // A weight matrix exactly as the checkpoint stores it: [out_features, in_features] row-major, in
-// bf16/f16/f32, or fp8 e4m3 with one fp32 scale per block_out x block_in tile
-// (scale_inv: [ceil(out/block_out), ceil(in/block_in)]; W = Wq * scale_inv[i/bo][j/bi]).
-// data points into the mmapped file: weights are never copied.
+// bf16/f16/f32; fp8 e4m3 with one fp32 scale per block_out x block_in tile
+// (scale_inv: [ceil(out/block_out), ceil(in/block_in)]; W = Wq * scale_inv[i/bo][j/bi]); or a
+// packed 4-bit format (MXFP4, INT4_G32: base/dtype.h) with one scale per 32 consecutive elements
+// of a row (data: [out, in/2] bytes, element 2j in the low nibble of byte j; group_scales:
+// [out, in/32]; W[i][j] = code_value(nibble) * scale[i][j/32]).
+// data and the scales point into the mmapped file: weights are never copied.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +12,13 @@
 #include "base/dtype.h"
 
 namespace moat {
+
+// How a 4-bit format's per-group scales are stored.
+enum class GroupScaleKind : uint8_t {
+  none,  // not a 4-bit format
+  e8m0,  // one byte s, scale 2^(s - 127) (MXFP4)
+  bf16,  // bfloat16 (INT4_G32)
+};
 
 struct WeightMatrix {
   DType dtype = DType::BF16;
@@ -18,15 +28,34 @@ struct WeightMatrix {
   const float* scale_inv = nullptr;  // only for F8_E4M3
   int64_t block_out = 128;
   int64_t block_in = 128;
+  // Only for MXFP4 / INT4_G32: [out_features, in_features / kGroupSize] scales of kind
+  // group_scale_kind (e8m0 for MXFP4, bf16 for INT4_G32; packed_4bit sets both).
+  const void* group_scales = nullptr;
+  GroupScaleKind group_scale_kind = GroupScaleKind::none;
 
+  // Elements per scale of the 4-bit formats (both published ones use 32; kernels rely on it).
+  static constexpr int64_t kGroupSize = 32;
+
+  // A view of a packed 4-bit matrix (dtype MXFP4 or INT4_G32; in % 32 == 0).
+  static WeightMatrix packed_4bit(DType dtype, const void* packed, const void* scales, int64_t out, int64_t in);
+
+  bool is_4bit() const { return dtype == DType::MXFP4 || dtype == DType::INT4_G32; }
   int64_t scale_cols() const { return (in_features + block_in - 1) / block_in; }
+  // 4-bit formats: bytes per packed row (in / 2), scale groups per row (in / 32), bytes per scale.
+  int64_t packed_row_bytes() const { return in_features / 2; }
+  int64_t groups_per_row() const { return in_features / kGroupSize; }
+  int64_t group_scale_bytes() const { return group_scale_kind == GroupScaleKind::bf16 ? 2 : 1; }
+  // The scale of group `group` of row `row` (4-bit formats).
+  float group_scale(int64_t row, int64_t group) const;
   // Bytes a matrix-vector product streams from memory (weights and scales).
   int64_t bytes() const {
+    if (is_4bit()) return out_features * (packed_row_bytes() + groups_per_row() * group_scale_bytes());
     int64_t b = out_features * in_features * static_cast<int64_t>(dtype_size(dtype));
     if (scale_inv) b += ((out_features + block_out - 1) / block_out) * scale_cols() * 4;
     return b;
   }
-  // Dequantized element, for reference kernels and tests (slow).
+  // Dequantized element, for reference kernels and tests (slow). An MXFP4 scale of 2^127 times a
+  // code of magnitude >= 2 is past fp32's range and reads as +-inf, as in any fp32 decode.
   float at(int64_t row, int64_t col) const;
   // A view of rows [row_begin, row_begin + rows); row_begin must be block_out-aligned for fp8.
   WeightMatrix rows(int64_t row_begin, int64_t num_rows) const;

@@ -226,10 +226,11 @@ Result<QuantizationConfig> parse_quantization(const json& j) {
   q.fmt = "e4m3";
   q.activation_scheme = "dynamic";
   MOAT_TRY(read_string(j, "quant_method", &q.quant_method, "quantization_config."));
+  if (q.quant_method == "compressed-tensors") return parse_compressed_tensors_quantization(j);
   if (q.quant_method != "fp8")
     return make_error(
         "config field 'quantization_config.quant_method': expected \"fp8\" (block-scaled "
-        "e4m3), got \"{}\"",
+        "e4m3) or \"compressed-tensors\" (MXFP4 / INT4 groups of 32), got \"{}\"",
         q.quant_method);
   MOAT_TRY(read_string(j, "fmt", &q.fmt, "quantization_config."));
   if (q.fmt != "e4m3")

@@ -15,6 +15,7 @@
 
 #include "base/dtype.h"
 #include "base/status.h"
+#include "config/quantization_config.h"
 
 namespace moat {
 
@@ -26,14 +27,6 @@ struct RopeScaling {
   double beta_slow = 1.0;
   double mscale = 1.0;
   double mscale_all_dim = 0.0;
-};
-
-struct QuantizationConfig {
-  std::string quant_method;  // "fp8"
-  std::string fmt;           // "e4m3"
-  std::string activation_scheme;
-  int64_t block_out = 128;   // weight_block_size[0]
-  int64_t block_in = 128;    // weight_block_size[1]
 };
 
 // Kimi Linear's linear_attn_config: the Kimi Delta Attention layers and their sizes.

@@ -15,7 +15,9 @@ Result<ops::ModelOpNeeds> model_op_needs(const ModelConfig& config, int64_t tp, 
   needs.matmul_dtypes = {dense};
   // FP8 checkpoints also get fp32 copies of the per-head W_UK^T / W_UV (absorbed MLA), since fp8
   // row slices of kv_b_proj would not start on a scale block.
-  if (config.quantization) needs.matmul_dtypes.insert(needs.matmul_dtypes.end(), {DType::F8_E4M3, DType::F32});
+  // compressed-tensors checkpoints: MXFP4 or INT4_G32 (the routed experts, in the published ones).
+  if (config.quantization)
+    needs.matmul_dtypes.insert(needs.matmul_dtypes.end(), {config.quantization->weight_dtype, DType::F32});
   needs.embedding_dtype = dense;
   needs.heads_per_rank = config.num_attention_heads / tp;
   if (config.linear_attn) {
@@ -29,7 +31,7 @@ Result<ops::ModelOpNeeds> model_op_needs(const ModelConfig& config, int64_t tp, 
   needs.kv_dtype = kv_dtype;
   needs.num_experts = config.n_routed_experts;
   needs.top_k = config.num_experts_per_tok;
-  needs.expert_dtype = config.quantization ? DType::F8_E4M3 : dense;
+  needs.expert_dtype = config.quantization ? config.quantization->weight_dtype : dense;
   return needs;
 }
 

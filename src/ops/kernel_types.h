@@ -24,7 +24,8 @@ struct MatmulPrecision {
   // Batched decode feeds experts 5-16 rows, where it is not: at 64 streams on Zen 5 splitting
   // them made a decode step 488 ms instead of 376 ms (engine_bench, one run).
   int64_t split_max_tokens = 4;
-  // fp8 weights split too (exact) instead of rounding x to bf16 (W8A16, the default).
+  // Quantized weights (fp8, MXFP4, INT4_G32) split too (exact) instead of rounding x to bf16
+  // (W8A16 / W4A16, the default).
   bool fp8_split = false;
 
   static MatmulPrecision exact() { return {INT64_MAX, true}; }

@@ -11,7 +11,7 @@ namespace moat::ops {
 // X(name, summary)
 #define MOAT_OP_LIST(X)                                                                         \
   X(embedding, "out[T, hidden] = fp32(table[ids[t]]) (bf16/f16/f32 rows)")                     \
-  X(matmul, "y[T, out] = x[T, in] . W[out, in]^T, W bf16/f16/f32 or fp8 e4m3 block-scaled")     \
+  X(matmul, "y[T, out] = x[T, in] . W[out, in]^T, W bf16/f16/f32, fp8 e4m3 block-scaled, or MXFP4 / INT4 per-32 scaled") \
   X(rms_norm, "y[T, dim] = x * rsqrt(mean(x^2) + eps) * weight")                                \
   X(rope, "rotate interleaved pairs of x[T, heads, rope_dim] by position (YaRN cos/sin table)") \
   X(silu_mul, "y[T, n] = silu(gate[T, n]) * up[T, n]")                                          \

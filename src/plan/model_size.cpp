@@ -123,7 +123,12 @@ ModelSize size_from_spec(const WeightSpec& spec, std::string id, std::string nam
   m.state_bytes_per_request = static_cast<double>(c.state_bytes_per_request());
   m.state_split_by_tp = true;
   m.max_context = c.max_position_embeddings;
-  m.default_precision = c.quantization ? Precision::fp8 : Precision::bf16;
+  // compressed-tensors 4-bit checkpoints size as mxfp4 / int4 (the planner's int4 assumes fp16
+  // scales per 128; INT4_G32 carries bf16 per 32, 0.0625 instead of 0.0156 byte per value)
+  m.default_precision = !c.quantization                                      ? Precision::bf16
+                        : c.quantization->weight_dtype == DType::MXFP4    ? Precision::mxfp4
+                        : c.quantization->weight_dtype == DType::INT4_G32 ? Precision::int4
+                                                                          : Precision::fp8;
   m.config = c;
   return m;
 }

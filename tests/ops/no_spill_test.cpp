@@ -184,11 +184,13 @@ TEST(NoSpill, HotKernelsKeepAccumulatorsInRegisters) {
                             reinterpret_cast<const void*>(&moat::bench::fma_loop),
                             static_cast<const void*>(moat::bench::kReadPatterns)})
     asm volatile("" : : "r"(probe));
-  // 32 bf16 tiles (4 row counts x 4 token counts x split or not), the 14 fp8 ones and the 6 packed
+  // 32 bf16 tiles (4 row counts x 4 token counts x split or not), the 14 fp8 ones, the 24 4-bit ones and the 6 packed
   // outer-product tiles (1..6 tokens x 64 rows: 24 accumulators, the most registers of any).
   std::vector<Hot> hot = {{"cpu_avx512bf16::(anonymous namespace)::tile_bf16<", 32},
                           {"cpu_avx512bf16::(anonymous namespace)::tile_packed<", 6},
                           {"cpu_avx512bf16::(anonymous namespace)::tile_fp8<", 14, 0, true},
+                          // 24 4-bit decode tiles (1-4 rows x 1-2 tokens, split with 1 token; two scale kinds)
+                          {"cpu_avx512bf16::(anonymous namespace)::tile_q4<", 24, 0, true},
                           // the decode-sized bf16 tiles (1 or 2 tokens) prefetch their rows
                           {"cpu_avx512bf16::(anonymous namespace)::tile_bf16<4, 1, ", 2, 0, true},
                           {"cpu_avx512bf16::(anonymous namespace)::tile_bf16<4, 2, ", 2, 0, true},

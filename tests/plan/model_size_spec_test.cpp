@@ -64,3 +64,29 @@ TEST(ModelSizeFromSpec, UnknownArchitectureIsRefused) {
 
 }  // namespace
 }  // namespace moat::plan
+
+namespace moat::plan {
+namespace {
+
+// A compressed-tensors 4-bit checkpoint sizes at its own precision, not fp8's.
+TEST(ModelSizeFromSpec, CompressedTensorsConfigsDefaultToTheir4BitPrecision) {
+  auto config = load_model_config(fs::path(MOAT_SOURCE_DIR) / "tests/golden/tiny_qlora");
+  ASSERT_TRUE(config.ok()) << config.error().message;
+  for (const auto& [type, format, want] : {std::tuple{"float", "mxfp4-pack-quantized", Precision::mxfp4},
+                                           {"int", "pack-quantized", Precision::int4}}) {
+    const nlohmann::json q = {{"quant_method", "compressed-tensors"},
+                              {"format", format},
+                              {"config_groups",
+                               {{"group_0",
+                                 {{"weights",
+                                   {{"num_bits", 4}, {"type", type}, {"strategy", "group"}, {"group_size", 32}}}}}}}};
+    ModelConfig c = *config;
+    c.quantization = parse_compressed_tensors_quantization(q).value();
+    auto size = size_from_config(c, "x", "x");
+    ASSERT_TRUE(size.ok()) << size.error().message;
+    EXPECT_EQ(size->default_precision, want) << format;
+  }
+}
+
+}  // namespace
+}  // namespace moat::plan

@@ -140,7 +140,8 @@ void head_matmul_cpu(const HeadMatmulArgs& a, const InnerOps& inner) {
 
 void register_cpu_composite_kernels(Registry& r) {
   // Any weight dtype some matmul takes: the composite runs the table's matmul for it.
-  const Constraints c{.weight_dtypes = {DType::BF16, DType::F16, DType::F32, DType::F8_E4M3}};
+  const Constraints c{
+      .weight_dtypes = {DType::BF16, DType::F16, DType::F32, DType::F8_E4M3, DType::MXFP4, DType::INT4_G32}};
   r.add(KernelEntry{OpId::moe_experts, Backend::cpu, "cpu.moe_experts_grouped",
                     reinterpret_cast<void*>(&moe_experts_cpu), c, 10, {}});
   r.add(KernelEntry{OpId::head_matmul, Backend::cpu, "cpu.head_matmul", reinterpret_cast<void*>(&head_matmul_cpu), c,

@@ -80,7 +80,8 @@ void register_cpu_kernels(Registry& r) {
     // fp32 FMAs on dequantized rows: the only cpu kernel for f32 weights, and the bf16/fp8 path
     // on CPUs without avx512bf16.
     add(OpId::matmul, name("matmul_f32fma"), fn(k.matmul),
-        c({.weight_dtypes = {DType::F32, DType::BF16, DType::F16, DType::F8_E4M3}}), k.priority);
+        c({.weight_dtypes = {DType::F32, DType::BF16, DType::F16, DType::F8_E4M3, DType::MXFP4, DType::INT4_G32}}),
+        k.priority);
     add(OpId::rms_norm, name("rms_norm"), fn(k.rms_norm), c({}), k.priority);
     add(OpId::rope, name("rope"), fn(k.rope), c({}), k.priority);
     add(OpId::silu_mul, name("silu_mul"), fn(k.silu_mul), c({}), k.priority);
@@ -95,7 +96,9 @@ void register_cpu_kernels(Registry& r) {
 #undef MOAT_ISA
   // bf16 dot products: twice the fp32 FMA rate, and activations rounded to bf16 once per call.
   add(OpId::matmul, "cpu.matmul_avx512bf16", reinterpret_cast<void*>(&cpu_avx512bf16::matmul),
-      Constraints{.weight_dtypes = {DType::BF16, DType::F16, DType::F8_E4M3}, .cpu_isa = "avx512bf16"}, 30);
+      Constraints{.weight_dtypes = {DType::BF16, DType::F16, DType::F8_E4M3, DType::MXFP4, DType::INT4_G32},
+                  .cpu_isa = "avx512bf16"},
+      30);
 }
 
 }  // namespace moat::ops

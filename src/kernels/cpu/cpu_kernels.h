@@ -6,11 +6,11 @@
 
 namespace moat::ops {
 
-// AVX-512 BF16 matmul for bf16 / f16 / fp8-block weights (matmul_avx512bf16.cpp).
+// AVX-512 BF16 matmul for bf16 / f16 / fp8-block / MXFP4 / INT4_G32 weights (matmul_avx512bf16.cpp).
 namespace cpu_avx512bf16 {
 // precision (kernel_types.h): calls of more than split_max_tokens tokens round the activations to
 // bf16 once (prefill, normalized error ~4e-3) instead of splitting them into bf16 hi + lo
-// (fp32-accurate); fp8 weights round them (W8A16) unless fp8_split.
+// (fp32-accurate); fp8 and 4-bit weights round them (W8A16, W4A16) unless fp8_split.
 void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision);
 }
 

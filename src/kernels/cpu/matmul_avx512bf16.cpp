@@ -1,6 +1,8 @@
 // The CPU matmul for machines with AVX-512 BF16 (Zen4, Sapphire Rapids and later): the kernel that
-// decode time is made of. y[T, N] = x[T, K] . W[N, K]^T for W in bf16, f16 or fp8 e4m3 with block
-// scales.
+// decode time is made of. y[T, N] = x[T, K] . W[N, K]^T for W in bf16, f16, fp8 e4m3 with block
+// scales, or MXFP4 / INT4_G32 (4-bit codes, a scale per 32 elements: they follow fp8's policy,
+// decoded in registers by tile_q4 at decode and in exact mode, dequantized to bf16 chunks for
+// batched decode and prefill).
 //
 // - The fp32 activations are converted to bf16 once per call (x_bf16: [T, Kp], Kp = K rounded up
 //   to 64, zero padded), so the inner loop is vdpbf16ps (fp32 accumulate). Calls of at most
@@ -384,11 +386,207 @@ constexpr Fp8TileFn kFp8Row[2] = {&tile_fp8<NR, 1, S>, fp8_pair_tile<NR, S>()};
 constexpr const Fp8TileFn* kFp8Tiles[2][4] = {{kFp8Row<1, false>, kFp8Row<2, false>, kFp8Row<3, false>, kFp8Row<4, false>},
                                               {kFp8Row<1, true>, kFp8Row<2, true>, kFp8Row<3, true>, kFp8Row<4, true>}};
 
+// ---- 4-bit weights (MXFP4, INT4_G32) decoded in registers: decode-sized calls ------------------
+//
+// A 128-element block of a row is 64 bytes: 32 little-endian 16-bit words, word j holding the
+// codes of elements 4j..4j+3 in its four nibbles (both formats: MXFP4 packs element 2j into the
+// low nibble of byte j; INT4's int32 words, 8 codes low nibble first, are the same bytes). Four
+// vpermw lookups turn one 64-byte load into four vectors of 32 exact bf16 code values, V_n word j
+// = code of element 4j + n: vpermw reads the low 5 bits of each index word, so the 16-entry table
+// is stored twice (entries 16..31 = 0..15) and W >> 4n needs no mask. The activations are laid out
+// to match once per call (permute_x_q4: X_n word j = x[4j + n]). vdpbf16ps sums word pairs, so
+// fp32 lane i holds elements of words 2i and 2i+1: group i / 4 of the block's four 32-element
+// groups. The group scales are applied to these fp32 partial sums (lane i times the scale of group
+// 4b + i/4), exactly as tile_fp8 applies its block scales: the codes are exact in bf16, and an
+// MXFP4 scale of 2^-127 never has to exist as a bf16 subnormal (vdpbf16ps flushes those).
+// Per 128 elements and row: 1 load, 3 shifts, 4 vpermw, 1 vpshufb for the scales, then 4
+// vdpbf16ps (8 split) and 1 FMA per token: 0.5 byte per weight plus its scale, decoded once.
+
+// The 16 code values as bf16, twice (vpermw index bits 0-4).
+__m512i q4_table(DType dtype) {
+  alignas(64) uint16_t t[32];
+  for (int i = 0; i < 32; ++i) t[i] = f32_to_bf16(int4_code_table(dtype)[i & 15]);
+  return _mm512_load_si512(t);
+}
+
+// xb[rows, Kp] (natural order, zero past K) -> xq[rows, Kq] (Kq = K rounded up to 128) in the
+// nibble order of the 4-bit tiles: block b, vector n, word j = x[128b + 4j + n].
+void permute_x_q4(const uint16_t* xb, int64_t rows, int64_t Kp, int64_t Kq, uint16_t* xq) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < Kq; b += 128)
+      for (int n = 0; n < 4; ++n)
+        for (int j = 0; j < 32; ++j) {
+          const int64_t k = b + 4 * j + n;
+          xq[r * Kq + b + 32 * n + j] = k < Kp ? xb[r * Kp + k] : 0;
+        }
+}
+
+// The fp32 scales of the four groups of a 128-element block, each in 4 consecutive lanes (the
+// lanes vdpbf16ps fills from that group). e8m0: byte s -> bits s << 23 (2^(s-127)), s = 0 ->
+// 0x00400000 (2^-127, subnormal); bf16: the bits shifted to an fp32's top half. `bytes` holds the
+// four scales (4 or 8 bytes, broadcast to every 32/64-bit lane by the caller).
+template <bool kBf16Scale>
+inline __m512 q4_block_scales(__m512i bytes) {
+  // Lanes 4L..4L+3 are the 128-bit lane L, where vpshufb picks scale L for every dword.
+  if constexpr (kBf16Scale) {
+    // bf16 L into each dword's high half: bytes {zero, zero, 2L, 2L + 1}
+    const __m512i ctrl = _mm512_set_epi32(0x07068080, 0x07068080, 0x07068080, 0x07068080, 0x05048080, 0x05048080,
+                                          0x05048080, 0x05048080, 0x03028080, 0x03028080, 0x03028080, 0x03028080,
+                                          0x01008080, 0x01008080, 0x01008080, 0x01008080);
+    return _mm512_castsi512_ps(_mm512_shuffle_epi8(bytes, ctrl));
+  } else {
+    // byte L, zero extended: bytes {L, zero, zero, zero}
+    const int l0 = static_cast<int>(0x80808000u), l1 = l0 | 1, l2 = l0 | 2, l3 = l0 | 3;
+    const __m512i ctrl = _mm512_set_epi32(l3, l3, l3, l3, l2, l2, l2, l2, l1, l1, l1, l1, l0, l0, l0, l0);
+    const __m512i s = _mm512_slli_epi32(_mm512_shuffle_epi8(bytes, ctrl), 23);
+    return _mm512_castsi512_ps(_mm512_max_epu32(s, _mm512_set1_epi32(0x00400000)));
+  }
+}
+
+// The 128-bit-lane-repeated pattern q4_block_scales reads, for the four scales at p (masked: the
+// last block of a row may have fewer than four groups, and the scale tensor can end right there).
+template <bool kBf16Scale>
+inline __m512i q4_scale_bytes(const uint8_t* p, int64_t groups) {
+  if (groups >= 4) {
+    if constexpr (kBf16Scale) {
+      int64_t v;
+      std::memcpy(&v, p, 8);
+      return _mm512_set1_epi64(v);
+    } else {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      return _mm512_set1_epi32(v);
+    }
+  }
+  const __m128i v = _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << (groups * (kBf16Scale ? 2 : 1))) - 1u), p);
+  return kBf16Scale ? _mm512_broadcastq_epi64(v) : _mm512_broadcastd_epi32(v);
+}
+
+// rows [n0, n0 + NR) of a 4-bit matrix x NT tokens (xq: permute_x_q4's layout, row stride Kq;
+// split: the lo halves lo_off later); writes y[t * N + r]. kBf16Scale: INT4_G32 (bf16 scales),
+// else MXFP4 (e8m0). Register budget: NT x 4 (x 2 split) x vectors + NR x NT totals + 4 codes
+// + a few temporaries: split calls run one token at a time.
+template <int NR, int NT, bool kSplit, bool kBf16Scale>
+void tile_q4(const WeightMatrix& w, int64_t n0, const uint16_t* xq, int64_t lo_off, int64_t Kq, float* y, int64_t N,
+             const __m512i& table, const Prefetch& pf) {
+  static_assert(!(kSplit && NT > 1), "split calls run one token at a time (registers)");
+  const int64_t K = w.in_features, Kh = K / 2, G = K / 32, sb = kBf16Scale ? 2 : 1;
+  const uint8_t* rows = static_cast<const uint8_t*>(w.data) + n0 * Kh;
+  const uint8_t* scales = static_cast<const uint8_t*>(w.group_scales) + n0 * G * sb;
+  __m512 tot[NR][NT];
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 2
+    for (int t = 0; t < NT; ++t) tot[r][t] = _mm512_setzero_ps();
+  // one 128-element block (mask: its bytes; groups: its scales, 4 but in a ragged last block)
+  auto block = [&](int64_t b, __mmask64 m, int64_t groups) __attribute__((always_inline)) {
+    const int64_t k = 128 * b;
+    __m512i xv[NT][4], lv[NT][4];
+#pragma GCC unroll 2
+    for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 4
+      for (int n = 0; n < 4; ++n) {
+        xv[t][n] = _mm512_loadu_si512(xq + t * Kq + k + 32 * n);
+        if constexpr (kSplit) lv[t][n] = _mm512_loadu_si512(xq + lo_off + t * Kq + k + 32 * n);
+      }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const __m512i wd = _mm512_maskz_loadu_epi8(m, rows + r * Kh + 64 * b);
+      const __m512i v0 = _mm512_permutexvar_epi16(wd, table);
+      const __m512i v1 = _mm512_permutexvar_epi16(_mm512_srli_epi16(wd, 4), table);
+      const __m512i v2 = _mm512_permutexvar_epi16(_mm512_srli_epi16(wd, 8), table);
+      const __m512i v3 = _mm512_permutexvar_epi16(_mm512_srli_epi16(wd, 12), table);
+      const __m512 s = q4_block_scales<kBf16Scale>(q4_scale_bytes<kBf16Scale>(scales + (r * G + 4 * b) * sb, groups));
+#pragma GCC unroll 2
+      for (int t = 0; t < NT; ++t) {
+        // two chains per token, restarted every block: only tot carries across blocks
+        __m512 pa = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)v0, (__m512bh)xv[t][0]);
+        __m512 pb = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)v2, (__m512bh)xv[t][2]);
+        pa = _mm512_dpbf16_ps(pa, (__m512bh)v1, (__m512bh)xv[t][1]);
+        pb = _mm512_dpbf16_ps(pb, (__m512bh)v3, (__m512bh)xv[t][3]);
+        if constexpr (kSplit) {
+          pa = _mm512_dpbf16_ps(pa, (__m512bh)v0, (__m512bh)lv[t][0]);
+          pb = _mm512_dpbf16_ps(pb, (__m512bh)v2, (__m512bh)lv[t][2]);
+          pa = _mm512_dpbf16_ps(pa, (__m512bh)v1, (__m512bh)lv[t][1]);
+          pb = _mm512_dpbf16_ps(pb, (__m512bh)v3, (__m512bh)lv[t][3]);
+        }
+        tot[r][t] = _mm512_fmadd_ps(_mm512_add_ps(pa, pb), s, tot[r][t]);
+      }
+    }
+  };
+  PrefetchStream p1(pf.l1, Kh), p2(pf.l2, Kh);
+  const int64_t full = K / 128;
+  for (int64_t b = 0; b < full; ++b) {
+    prefetch_rows<NR>(rows, Kh, p1, p2);
+    block(b, ~0ull, 4);
+    p1.advance(64, Kh, Kh);
+    p2.advance(64, Kh, Kh);
+  }
+  if (full * 128 < K) block(full, tail_mask64(Kh - 64 * full), G - 4 * full);  // 32, 64 or 96 elements
+#pragma GCC unroll 2
+  for (int t = 0; t < NT; ++t) {
+    if constexpr (NR == 4) {
+      _mm_storeu_ps(y + t * N, reduce4(tot[0][t], tot[1][t], tot[2][t], tot[3][t]));
+    } else {
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) y[t * N + r] = _mm512_reduce_add_ps(tot[r][t]);
+    }
+  }
+}
+
+using Q4TileFn = void (*)(const WeightMatrix&, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t,
+                          const __m512i&, const Prefetch&);
+// [bf16 scale][split][rows - 1][tokens - 1]; split calls have one-token tiles only.
+template <bool kBf16Scale, bool kSplit, int NR>
+constexpr Q4TileFn q4_pair_tile() {
+  if constexpr (kSplit) return nullptr;
+  else return &tile_q4<NR, 2, false, kBf16Scale>;
+}
+template <bool B, bool S>
+constexpr Q4TileFn kQ4Tiles[4][2] = {{&tile_q4<1, 1, S, B>, q4_pair_tile<B, S, 1>()},
+                                     {&tile_q4<2, 1, S, B>, q4_pair_tile<B, S, 2>()},
+                                     {&tile_q4<3, 1, S, B>, q4_pair_tile<B, S, 3>()},
+                                     {&tile_q4<4, 1, S, B>, q4_pair_tile<B, S, 4>()}};
+
+// Dequantizes rows [n0, n0 + rows) x columns [k0, k0 + width) of a 4-bit matrix into dst[rows,
+// width] bf16 (row stride ds, zero past K), group scale folded in (exact for MXFP4 unless the
+// product is a bf16 subnormal; one bf16 rounding for INT4), for calls where every token reuses
+// the chunk. One 32-element group at a time: codes -> fp32 with vpermps from a 16-entry table
+// (low and high nibbles), times the scale, to bf16, and a word permute back to element order.
+void dequantize_q4_rows(const WeightMatrix& w, int64_t n0, int64_t rows, int64_t k0, int64_t width, uint16_t* dst,
+                        int64_t ds) {
+  const int64_t K = w.in_features, Kh = K / 2;
+  const __m512 table = _mm512_loadu_ps(int4_code_table(w.dtype));
+  alignas(64) uint16_t order[32];  // bf16 pair [lo_0..lo_15 | hi_0..hi_15] -> elements 0..31
+  for (int m = 0; m < 32; ++m) order[m] = static_cast<uint16_t>((m & 1) ? 16 + m / 2 : m / 2);
+  const __m512i idx = _mm512_load_si512(order);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = n0 + r;
+    const uint8_t* src = static_cast<const uint8_t*>(w.data) + n * Kh;
+    uint16_t* out = dst + r * ds - k0;
+    for (int64_t k = k0; k < k0 + width; k += 32) {
+      if (k >= K) {
+        _mm512_storeu_si512(out + k, _mm512_setzero_si512());
+        continue;
+      }
+      const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k / 2)));
+      const __m512 s = _mm512_set1_ps(w.group_scale(n, k / 32));
+      const __m512 lo = _mm512_mul_ps(_mm512_permutexvar_ps(d, table), s);
+      const __m512 hi = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), table), s);
+      _mm512_storeu_si512(out + k, _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(hi, lo)));
+    }
+  }
+}
+
 // Dequantizes rows [n0, n0 + rows) x columns [k0, k0 + width) of an fp8 or f16 matrix into
 // dst[rows, width] bf16 (row stride ds, block scale folded in, zero past K), for prefill where
 // every token reuses the chunk. k0 and width are multiples of 64.
 void dequantize_rows(const WeightMatrix& w, int64_t n0, int64_t rows, int64_t k0, int64_t width, uint16_t* dst,
                      int64_t ds) {
+  if (w.is_4bit()) {
+    dequantize_q4_rows(w, n0, rows, k0, width, dst, ds);
+    return;
+  }
   const int64_t K = w.in_features;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t n = n0 + r;
@@ -584,15 +782,20 @@ void run_panel(const uint16_t* src, int64_t ss, int64_t rows, int64_t K, int64_t
 void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision) {
   const int64_t N = w.out_features, K = w.in_features;
   const int64_t Kp = (K + 63) / 64 * 64;  // x rows padded with zeros to whole 64-blocks
-  MOAT_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F16 || w.dtype == DType::F8_E4M3,
+  MOAT_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F16 || w.dtype == DType::F8_E4M3 || w.is_4bit(),
              "cpu.matmul_avx512bf16: weight dtype {}", dtype_name(w.dtype));
+  MOAT_CHECK(!w.is_4bit() || (K % 32 == 0 && w.group_scale_kind == (w.dtype == DType::MXFP4 ? GroupScaleKind::e8m0
+                                                                                                : GroupScaleKind::bf16)),
+             "cpu.matmul_avx512bf16: {} weight [{}, {}] needs K % 32 == 0 and its scale kind", dtype_name(w.dtype), N, K);
   MOAT_CHECK(w.dtype != DType::F8_E4M3 || w.block_in % 64 == 0,
              "cpu.matmul_avx512bf16: fp8 block_in {} must be a multiple of 64", w.block_in);
   // x is split into bf16 hi + lo (as accurate as fp32 FMAs) unless T exceeds the precision's
   // split threshold (never below decode size), where it is rounded to bf16 once for twice the
-  // rate. fp8 weights round x to bf16 at every T (W8A16) unless the precision splits them too.
-  const bool fp8 = w.dtype == DType::F8_E4M3;
-  const bool split = T <= std::max(precision.split_max_tokens, kMinSplitTokens) && (!fp8 || precision.fp8_split);
+  // rate. fp8 and 4-bit weights round x to bf16 at every T (W8A16, W4A16) unless the precision
+  // splits them too.
+  const bool fp8 = w.dtype == DType::F8_E4M3, q4 = w.is_4bit();
+  const bool split =
+      T <= std::max(precision.split_max_tokens, kMinSplitTokens) && (!(fp8 || q4) || precision.fp8_split);
   thread_local std::vector<uint16_t> xb_buf;  // [T, Kp] hi, then [T, Kp] lo when split
   xb_buf.resize(static_cast<size_t>((split ? 2 : 1) * T * Kp));
   convert_x(x, T, K, Kp, xb_buf.data(), split ? xb_buf.data() + T * Kp : nullptr);
@@ -649,12 +852,39 @@ void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const Ma
   }
   const Prefetch fp8_pf = prefetch_distances(K, 1);
   const uint16_t* xp = xp_buf.data();
+  // 4-bit weights here (decode, or exact mode): decoded in registers (tile_q4), x in nibble order.
+  const int64_t Kq = (K + 127) / 128 * 128;
+  thread_local std::vector<uint16_t> xq4_buf;  // [T, Kq] hi (+ [T, Kq] lo): permute_x_q4
+  static const __m512i mxfp4_table = q4_table(DType::MXFP4), int4_table = q4_table(DType::INT4_G32);
+  const Q4TileFn(*q4_tiles)[2] = nullptr;
+  if (q4) {
+    xq4_buf.resize(static_cast<size_t>((split ? 2 : 1) * T * Kq));
+    permute_x_q4(xb, (split ? 2 : 1) * T, Kp, Kq, xq4_buf.data());
+    const bool int4 = w.dtype == DType::INT4_G32;
+    q4_tiles = int4 ? (split ? kQ4Tiles<true, true> : kQ4Tiles<true, false>)
+                    : (split ? kQ4Tiles<false, true> : kQ4Tiles<false, false>);
+  }
+  const __m512i& q4_codes = w.dtype == DType::INT4_G32 ? int4_table : mxfp4_table;
+  const Prefetch q4_pf = q4 ? prefetch_distances(K / 2, 1) : Prefetch{};
+  const uint16_t* xq4 = xq4_buf.data();
   const int64_t groups = (N + 3) / 4;
   thread_pool().parallel_for(groups, [&](int64_t g0, int64_t g1) {
     thread_local std::vector<uint16_t> scratch;  // [chunk_rows, Kb] dequantized rows
     const int64_t n_end = std::min(N, g1 * 4);
     for (int64_t n0 = g0 * 4; n0 < n_end; n0 += chunk_rows) {
       const int64_t rows = std::min(chunk_rows, n_end - n0);
+      if (q4) {
+        // token pairs share each decoded block; split calls run token by token
+        for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+          const int64_t nr = std::min<int64_t>(4, rows - r0);
+          for (int64_t t = 0; t < T;) {
+            const int64_t nt = split ? 1 : std::min<int64_t>(2, T - t);
+            q4_tiles[nr - 1][nt - 1](w, n0 + r0, xq4 + t * Kq, T * Kq, Kq, y + t * N + n0 + r0, N, q4_codes, q4_pf);
+            t += nt;
+          }
+        }
+        continue;
+      }
       if (fp8_direct) {
         for (int64_t r0 = 0; r0 < rows; r0 += 4) {
           const int64_t nr = std::min<int64_t>(4, rows - r0);

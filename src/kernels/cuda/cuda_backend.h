@@ -2,7 +2,7 @@
 // move data. Plain C++ declarations, so callers need no CUDA headers.
 //
 // Device-pointer semantics: every pointer a cuda kernel receives is a device pointer. That
-// includes WeightMatrix::data and ::scale_inv, the per-row parameter arrays of the sampling ops
+// includes WeightMatrix::data, ::scale_inv and ::group_scales, the per-row parameter arrays of the sampling ops
 // (top_k, top_p, min_p, u), RopeArgs' positions and cos/sin tables, MoeRouteArgs' bias and
 // outputs, MoeExpertsArgs' x, topk_ids, topk_weights and out (its experts array of weight views
 // is on the host), HeadMatmulArgs' x and y (its weights array likewise), the paged cache
@@ -35,6 +35,8 @@ void synchronize();
 // The kernels, one per op (signatures of kernel_types.h, device pointers).
 void embedding(const WeightMatrix& table, const int32_t* ids, int64_t T, float* out);
 void matmul_cublas(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision);
+// MXFP4 / INT4_G32 weights decoded in registers, fp32 activations (matmul_q4.cu).
+void matmul_q4(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision);
 void rms_norm(const float* x, const float* weight, int64_t T, int64_t dim, float eps, float* y);
 void rope(const RopeArgs& args);
 void silu_mul(const float* gate, const float* up, int64_t T, int64_t n, float* y);

@@ -15,6 +15,7 @@ void register_cuda_kernels(Registry& r) {
       {.weight_dtypes = {DType::BF16, DType::F16, DType::F32}});
   add(OpId::matmul, "cuda.matmul_cublas", fn(&cuda::matmul_cublas),
       {.weight_dtypes = {DType::BF16, DType::F16, DType::F32, DType::F8_E4M3}});
+  add(OpId::matmul, "cuda.matmul_q4", fn(&cuda::matmul_q4), {.weight_dtypes = {DType::MXFP4, DType::INT4_G32}});
   add(OpId::rms_norm, "cuda.rms_norm", fn(&cuda::rms_norm));
   add(OpId::rope, "cuda.rope", fn(&cuda::rope));
   add(OpId::silu_mul, "cuda.silu_mul", fn(&cuda::silu_mul));
@@ -28,7 +29,7 @@ void register_cuda_kernels(Registry& r) {
        .kv_dtypes = kv_dtypes});
   add(OpId::moe_route, "cuda.moe_route", fn(&cuda::moe_route),
       {.max_experts = cuda::kMaxExperts, .max_top_k = cuda::kMaxTopK});
-  const std::vector<DType> linear = {DType::BF16, DType::F16, DType::F32, DType::F8_E4M3};
+  const std::vector<DType> linear = {DType::BF16, DType::F16, DType::F32, DType::F8_E4M3, DType::MXFP4, DType::INT4_G32};
   add(OpId::moe_experts, "cuda.moe_experts_grouped", fn(&cuda::moe_experts), {.weight_dtypes = linear});
   add(OpId::head_matmul, "cuda.head_matmul", fn(&cuda::head_matmul), {.weight_dtypes = linear});
   add(OpId::softmax, "cuda.softmax", fn(&cuda::softmax));

@@ -351,7 +351,8 @@ void register_reference_kernels(Registry& r) {
     r.add(KernelEntry{op, Backend::reference, name, fn, std::move(c), 0, {Backend::cpu}});
   };
   const Constraints any_weight{.weight_dtypes = {DType::BF16, DType::F16, DType::F32}};
-  const Constraints any_linear{.weight_dtypes = {DType::BF16, DType::F16, DType::F32, DType::F8_E4M3}};
+  const Constraints any_linear{
+      .weight_dtypes = {DType::BF16, DType::F16, DType::F32, DType::F8_E4M3, DType::MXFP4, DType::INT4_G32}};
   add(OpId::embedding, "reference.embedding", reinterpret_cast<void*>(&embedding_ref), any_weight);
   add(OpId::matmul, "reference.matmul", reinterpret_cast<void*>(&matmul_ref), any_linear);
   add(OpId::rms_norm, "reference.rms_norm", reinterpret_cast<void*>(&rms_norm_ref));
