@@ -9,13 +9,16 @@
 // on the expert, projection and lm_head shapes (vs the lower of the two), and MLA decode
 // attention (GB/s of latent cache). Weight sets are replicated past the L3 size and cycled, so a
 // small matrix is read from DRAM as it would be when decode walks 26 layers of experts.
+// Kimi Delta Attention (kda_rows): kda_recurrent decode (GB/s of state vs bandwidth) and
+// kda_chunked prefill at 1k and 8k tokens (tokens/s vs the fp32 peak); --kda-only runs just the
+// probes and these.
 // 4-bit routed experts (q4_rows): MXFP4 and INT4 (group 32) at Kimi K3's 3072 x 3584 gate/up and
 // 3584 x 3072 down and Kimi K2-Thinking's 2048 x 7168 gate/up, T = 1 (GB/s of codes + scales vs
 // bandwidth, default W4A16 and exact) and T = 16, 64 (vs the lower of the bf16 peak and streaming
 // the weights once); --4bit-only runs just the probes and these.
 // Every timed kernel is first checked against the reference kernel.
 //
-//   kernel_bench [--threads 1,2] [--markdown] [--batched-only] [--4bit-only]
+//   kernel_bench [--threads 1,2] [--markdown] [--batched-only] [--kda-only] [--4bit-only]
 #include <immintrin.h>
 
 // GCC 12's _mm512_reduce_add_ps starts from an _mm512_undefined value: a false positive.
@@ -31,6 +34,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "base/dtype.h"
 #include "base/thread_pool.h"
@@ -96,6 +101,101 @@ struct Row {
   double value, roofline, pct;
   const char* unit;
 };
+
+// Kimi Delta Attention, K = V = 128 (Kimi Linear and Kimi K3), every kernel first checked against
+// the reference:
+//   decode   kda_recurrent, one token of one sequence, 12 heads (K3 at TP 8) and 96: each head's
+//            state [K, V] fp32 is read and written once per token (2 x 64 KiB), cycled through
+//            copies past the L3 as decode walks the layers; GB/s of state vs the read bandwidth
+//            (writes cost more than reads on most machines, so this roofline is optimistic).
+//   prefill  kda_chunked (and kda_recurrent for comparison) over 1024 and 8192 tokens of one
+//            sequence, 12 heads: tokens/s; the roofline is the fp32 FMA peak over the step's own
+//            arithmetic (7 K V flops per token and head: decay, S^T k, the rank-1 update, S^T q).
+//            Flat per-token time from 1k to 8k is the point: no work grows with the context.
+// False when a kernel disagrees with the reference (reported on stderr).
+bool kda_rows(std::vector<Row>& rows, const std::string& tt, double bw, double fp32_peak, bool check,
+              int64_t llc_span) {
+  const int64_t K = 128, V = 128, head_state = K * V;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::uniform_real_distribution<float> decay(-0.5f, -0.01f);
+  auto fill = [&](std::vector<float>& v, size_t n, bool is_g) {
+    v.resize(n);
+    for (float& x : v) x = is_g ? decay(rng) : dist(rng);
+  };
+  const auto* rec_ref = Registry::global().kernels(OpId::kda_recurrent, Backend::reference).front();
+  // Inputs of T tokens of one sequence over H heads, state `state`.
+  struct Call {
+    std::vector<float> q, k, v, g, beta, out;
+    int32_t start = 0, len = 0;
+    float* state = nullptr;
+    KdaArgs args(int64_t H) {
+      return KdaArgs{q.data(), k.data(), H * 128, v.data(), H * 128, g.data(), beta.data(), len, H, 128, 128, 1,
+                     &start, &len, &state, out.data()};
+    }
+  };
+  auto make_call = [&](int64_t T, int64_t H) {
+    Call c;
+    fill(c.q, T * H * K, false);
+    fill(c.k, T * H * K, false);
+    fill(c.v, T * H * V, false);
+    fill(c.g, T * H * K, true);
+    fill(c.beta, T * H, false);
+    c.out.resize(T * H * V);
+    c.len = static_cast<int32_t>(T);
+    return c;
+  };
+  // kernel vs reference from the same state, on a copy
+  auto agrees = [&](const KernelEntry* k, int64_t T, int64_t H) {
+    Call c = make_call(T, H);
+    std::vector<float> s0(H * head_state), s1;
+    for (float& x : s0) x = 0.1f * dist(rng);
+    s1 = s0;
+    c.state = s0.data();
+    reinterpret_cast<KdaFn>(k->fn)(c.args(H));
+    const std::vector<float> out = c.out;
+    c.state = s1.data();
+    reinterpret_cast<KdaFn>(rec_ref->fn)(c.args(H));
+    const double err = std::max(max_norm_err(out, c.out), max_norm_err(s0, s1));
+    if (err > 1e-5)
+      std::fprintf(stderr, "%s disagrees with the reference: normalized error %g\n", k->name.c_str(), err);
+    return err <= 1e-5;
+  };
+
+  for (int64_t H : {12, 96}) {  // decode
+    const KernelEntry* k = best_kernel(OpId::kda_recurrent, OpShape{.heads_per_rank = H, .head_dim = K});
+    if (check && !agrees(k, 1, H)) return false;
+    const int64_t one = H * head_state, copies = std::max<int64_t>(1, llc_span / (one * 4));
+    HugeBuffer<float> states(static_cast<size_t>(copies * one));
+    for (size_t i = 0; i < states.size(); ++i) states[i] = 0.01f * static_cast<float>(static_cast<int>(i % 199) - 99);
+    Call c = make_call(1, H);
+    int64_t copy = 0;
+    const double sec = time_per_call([&] {
+      c.state = states.data() + copy * one;
+      reinterpret_cast<KdaFn>(k->fn)(c.args(H));
+      copy = (copy + 1) % copies;
+    }, 0.5);
+    const double gbs = 2.0 * one * 4 / sec / 1e9;
+    rows.push_back({"kda_recurrent decode T=1, " + std::to_string(H) + " heads x 128x128 state (" + tt + ")", k->name,
+                    gbs, bw, 100 * gbs / bw, "GB/s"});
+  }
+  const int64_t H = 12;
+  for (const KernelEntry* k : {best_kernel(OpId::kda_chunked, OpShape{.heads_per_rank = H, .head_dim = K}),
+                               best_kernel(OpId::kda_recurrent, OpShape{.heads_per_rank = H, .head_dim = K})}) {
+    if (check && !agrees(k, 100, H)) return false;
+    for (int64_t T : {1024, 8192}) {
+      Call c = make_call(T, H);
+      std::vector<float> state(H * head_state, 0.0f);
+      c.state = state.data();
+      const double sec = time_per_call([&] { reinterpret_cast<KdaFn>(k->fn)(c.args(H)); }, T > 1024 ? 1.0 : 0.5);
+      const double tok_s = T / sec, roof = fp32_peak * 1e9 / (7.0 * K * V * H);
+      rows.push_back({std::string(op_name(k->op)) + " T=" + std::to_string(T) + ", 12 heads x 128 (" + tt +
+                          "), " + fmt::format("{:.1f}", 1e6 * sec / T) + " us/tok",
+                      k->name, tok_s, roof, 100 * tok_s / roof, "tok/s"});
+    }
+  }
+  return true;
+}
 
 // `copies` 4-bit matrices [N, K] (MXFP4: e8m0 scales 2^-8..2^0; INT4: bf16 scales ~0.01), the codes
 // and scales of each copy side by side, enough to exceed the last-level cache.
@@ -192,6 +292,7 @@ int main(int argc, char** argv) {
   std::vector<int> thread_counts = {1, 2};
   bool markdown = false;
   bool batched_only = false;  // only the probes and the batched-decode matmul rows (quick)
+  bool kda_only = false;      // only the probes and the KDA rows (quick)
   bool q4_only = false;       // only the probes and the 4-bit matmul rows
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -207,10 +308,12 @@ int main(int argc, char** argv) {
       markdown = true;
     } else if (a == "--batched-only") {
       batched_only = true;
+    } else if (a == "--kda-only") {
+      kda_only = true;
     } else if (a == "--4bit-only") {
       q4_only = true;
     } else {
-      std::fprintf(stderr, "usage: kernel_bench [--threads 1,2] [--markdown] [--batched-only] [--4bit-only]\n");
+      std::fprintf(stderr, "usage: kernel_bench [--threads 1,2] [--markdown] [--batched-only] [--kda-only] [--4bit-only]\n");
       return 2;
     }
   }
@@ -244,6 +347,10 @@ int main(int argc, char** argv) {
 
     if (q4_only) {
       if (!q4_rows(rows, tt, bw, peak, threads == thread_counts.front(), kLlcSpan)) return 1;
+      continue;
+    }
+    if (kda_only) {
+      if (!kda_rows(rows, tt, bw, fp32_peak, threads == thread_counts.front(), kLlcSpan)) return 1;
       continue;
     }
     for (DType dtype : {DType::BF16, DType::F8_E4M3}) {
@@ -374,6 +481,7 @@ int main(int argc, char** argv) {
       rows.push_back({"mla_attention 16 heads, 4096 x 576 bf16 paged cache (block 64), T=1 (" + tt + ")", k->name,
                       flops / sec / 1e9, roof, 100 * flops / sec / 1e9 / roof, "GFLOPS"});
     }
+    if (!kda_rows(rows, tt, bw, fp32_peak, threads == thread_counts.front(), kLlcSpan)) return 1;
   }
 
   if (markdown) {

@@ -48,6 +48,11 @@ std::vector<ResolvedOp> OpTable::plan(Backend backend, const ModelOpNeeds& needs
         fmt::format("moe_experts[{}, E={}, k={}]", dtype_name(needs.expert_dtype), needs.num_experts, needs.top_k),
         OpShape{.weight_dtype = needs.expert_dtype, .num_experts = needs.num_experts, .top_k = needs.top_k});
   }
+  if (needs.kda_heads_per_rank > 0) {
+    const OpShape kda{.heads_per_rank = needs.kda_heads_per_rank, .head_dim = needs.kda_head_dim};
+    for (OpId op : {OpId::short_conv, OpId::kda_gate, OpId::kda_recurrent, OpId::kda_chunked, OpId::gated_rms_norm})
+      add(op, fmt::format("{}[heads/rank={}, D={}]", op_name(op), needs.kda_heads_per_rank, needs.kda_head_dim), kda);
+  }
   for (OpId op : {OpId::softmax, OpId::top_k_renorm_prob, OpId::top_p_renorm_prob,
                   OpId::min_p_renorm_prob, OpId::sample_from_probs, OpId::argmax})
     add(op, std::string(op_name(op)), {});
@@ -83,6 +88,11 @@ Result<OpTable> OpTable::resolve(Backend backend, const ModelOpNeeds& needs) {
       case OpId::head_matmul:
         table.head_matmul_[static_cast<int>(r.shape.weight_dtype)] = reinterpret_cast<HeadMatmulFn>(fn);
         break;
+      case OpId::short_conv: table.short_conv_ = reinterpret_cast<ShortConvFn>(fn); break;
+      case OpId::kda_gate: table.kda_gate_ = reinterpret_cast<KdaGateFn>(fn); break;
+      case OpId::kda_recurrent: table.kda_recurrent_ = reinterpret_cast<KdaFn>(fn); break;
+      case OpId::kda_chunked: table.kda_chunked_ = reinterpret_cast<KdaFn>(fn); break;
+      case OpId::gated_rms_norm: table.gated_rms_norm_ = reinterpret_cast<GatedRmsNormFn>(fn); break;
       case OpId::softmax: table.softmax_ = reinterpret_cast<SoftmaxFn>(fn); break;
       case OpId::top_k_renorm_prob: table.top_k_ = reinterpret_cast<TopKRenormFn>(fn); break;
       case OpId::top_p_renorm_prob: table.top_p_ = reinterpret_cast<TopPRenormFn>(fn); break;

@@ -22,6 +22,10 @@ struct ModelOpNeeds {
   int64_t num_experts = 0;           // 0 for dense models
   int64_t top_k = 0;
   DType expert_dtype = DType::BF16;  // the routed experts' weights (moe_experts)
+  // Hybrid models with Kimi Delta Attention layers (Kimi Linear, Kimi K3): KDA heads on this rank
+  // and their head dim (K = V). 0: no KDA layers, and the five KDA ops are not resolved.
+  int64_t kda_heads_per_rank = 0;
+  int64_t kda_head_dim = 0;
 };
 
 struct ResolvedOp {
@@ -78,6 +82,29 @@ class OpTable {
     MOAT_CHECK(fn != nullptr, "head_matmul for {} was not resolved at load time", dtype_name(d));
     fn(args, inner_ops());
   }
+  // The KDA layer's ops (kernel_types.h), resolved only for models with KDA layers.
+  void short_conv(const ShortConvArgs& args) const {
+    MOAT_CHECK(short_conv_ != nullptr, "short_conv was not resolved at load time (a model without KDA layers)");
+    short_conv_(args);
+  }
+  void kda_gate(const KdaGateArgs& args) const {
+    MOAT_CHECK(kda_gate_ != nullptr, "kda_gate was not resolved at load time (a model without KDA layers)");
+    kda_gate_(args);
+  }
+  // Decode: one step per token.
+  void kda_recurrent(const KdaArgs& args) const {
+    MOAT_CHECK(kda_recurrent_ != nullptr, "kda_recurrent was not resolved at load time (a model without KDA layers)");
+    kda_recurrent_(args);
+  }
+  // Prefill: the same result in chunks of tokens.
+  void kda_chunked(const KdaArgs& args) const {
+    MOAT_CHECK(kda_chunked_ != nullptr, "kda_chunked was not resolved at load time (a model without KDA layers)");
+    kda_chunked_(args);
+  }
+  void gated_rms_norm(const GatedRmsNormArgs& args) const {
+    MOAT_CHECK(gated_rms_norm_ != nullptr, "gated_rms_norm was not resolved at load time (a model without KDA layers)");
+    gated_rms_norm_(args);
+  }
   // What composite ops run inside (kernel_types.h InnerOps): this table's own kernels.
   InnerOps inner_ops() const { return {matmul_.data(), precision_, silu_mul_, add_scaled_}; }
   void softmax(const float* x, int64_t T, int64_t n, float temperature, float* probs) const {
@@ -107,6 +134,11 @@ class OpTable {
   MoeRouteFn moe_route_ = nullptr;
   MoeExpertsFn moe_experts_ = nullptr;
   std::array<HeadMatmulFn, 16> head_matmul_{};
+  ShortConvFn short_conv_ = nullptr;
+  KdaGateFn kda_gate_ = nullptr;
+  KdaFn kda_recurrent_ = nullptr;
+  KdaFn kda_chunked_ = nullptr;
+  GatedRmsNormFn gated_rms_norm_ = nullptr;
   SoftmaxFn softmax_ = nullptr;
   TopKRenormFn top_k_ = nullptr;
   TopPRenormFn top_p_ = nullptr;

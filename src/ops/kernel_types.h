@@ -152,6 +152,77 @@ struct HeadMatmulArgs {
 };
 using HeadMatmulFn = void (*)(const HeadMatmulArgs& args, const InnerOps& inner);
 
+// ---- Kimi Delta Attention (Kimi Linear, Kimi K3): the ops of a KDA layer ----------------------
+// Several sequences run in one call, each its tokens in order: sequence s owns tokens
+// [seq_start[s], seq_start[s] + seq_len[s]) of the call and carries its state (states[s]) from one
+// call to the next. Every array here, the states array of pointers included, is in the backend's
+// memory (a device array of device pointers on cuda).
+
+// Causal depthwise conv1d of width W over each sequence's tokens, then SiLU. Channel c of token i
+// of a sequence: y = silu(sum_{j<W} weight[c*W + j] * in[i - (W-1) + j][c]), where inputs before the
+// sequence's first token in this call come from its state (the previous W-1 inputs, oldest first).
+// After the call each state holds the last W-1 inputs of its sequence (oldest first), so a sequence
+// can continue in the next call (decode, or a prefill split in chunks). A fresh state is all zeros.
+struct ShortConvArgs {
+  const float* x;  int64_t x_stride;      // [T, C] rows x_stride apart
+  int64_t num_tokens, channels, width;
+  const float* weight;                    // [C, W] (the checkpoint's conv1d weight [C, 1, W])
+  int64_t num_seqs;
+  const int32_t* seq_start;               // [S] first token of each sequence in x
+  const int32_t* seq_len;                 // [S]
+  float* const* states;                   // [S] each [W-1, C] fp32, updated in place
+  float* y;  int64_t y_stride;            // [T, C]; must not alias x
+};
+using ShortConvFn = void (*)(const ShortConvArgs& args);
+
+// Per-channel log decay of KDA, g[t, h*K + k] (<= 0), from the low-rank gate projection raw[t, H*K]:
+//   lower_bound == 0 (Kimi Linear): g = -exp(a_log[h]) * softplus(raw + dt_bias[h*K + k])
+//   lower_bound < 0 (Kimi K3):      g = lower_bound * sigmoid(exp(a_log[h]) * (raw + dt_bias[h*K + k]))
+// softplus(x) = log(1 + exp(x)) computed stably (x for x > 20, as torch's threshold).
+struct KdaGateArgs {
+  const float* raw;                       // [T, H*K]
+  int64_t num_tokens, num_heads, head_dim;
+  const float* a_log;                     // [H]
+  const float* dt_bias;                   // [H*K]
+  float lower_bound;
+  float* g;                               // [T, H*K], may alias raw
+};
+using KdaGateFn = void (*)(const KdaGateArgs& args);
+
+// Kimi Delta Attention over each sequence's tokens in order, its state carried across calls.
+// Per head h and token t: q and k are L2-normalized per head (x / sqrt(sum x^2 + 1e-6)), q is then
+// scaled by K^-0.5, beta = sigmoid(beta_logit[t, h]); with the head's state S [K, V] in fp32:
+//   S <- diag(exp(g_t)) S;   S <- S + beta * k (v - S^T k)^T;   o_t = S^T q
+// (fla's naive_recurrent_kda with use_qk_l2norm_in_kernel). Both kda ops compute exactly this;
+// kda_recurrent step by step (decode), kda_chunked with a chunked form (prefill: work per token
+// independent of the context length, the state read and written once per chunk, not per token).
+struct KdaArgs {
+  const float* q; const float* k;         // [T, H, K] rows of H*K (qk_stride apart)
+  int64_t qk_stride;
+  const float* v;  int64_t v_stride;      // [T, H, V]
+  const float* g;                         // [T, H, K] log decay (kda_gate's output), contiguous
+  const float* beta;                      // [T, H] logits (sigmoid applied inside), contiguous
+  int64_t num_tokens, num_heads, head_k, head_v;
+  int64_t num_seqs;
+  const int32_t* seq_start;               // [S]
+  const int32_t* seq_len;                 // [S]
+  float* const* states;                   // [S] each [H, K, V] fp32, updated in place
+  float* out;                             // [T, H, V] contiguous
+};
+using KdaFn = void (*)(const KdaArgs& args);
+
+// KDA's output norm (fla FusedRMSNormGated, activation sigmoid), per token and head:
+//   y[t, h, :] = x[t, h, :] * rsqrt(mean(x[t, h, :]^2) + eps) * weight[:] * sigmoid(gate[t, h*D + :])
+struct GatedRmsNormArgs {
+  const float* x;                         // [T, H, D]
+  const float* gate;                      // [T, H*D]
+  const float* weight;                    // [D]
+  int64_t num_tokens, num_heads, head_dim;
+  float eps;
+  float* y;                               // [T, H, D], may alias x
+};
+using GatedRmsNormFn = void (*)(const GatedRmsNormArgs& args);
+
 // probs[T, n] = softmax(x / temperature) per row (temperature > 0)
 using SoftmaxFn = void (*)(const float* x, int64_t T, int64_t n, float temperature, float* probs);
 

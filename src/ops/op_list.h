@@ -21,6 +21,11 @@ namespace moat::ops {
   X(moe_route, "router scores -> top-k experts and weights (noaux_tc groups / greedy)")         \
   X(moe_experts, "out[T, hidden] += sum_k w[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e = ids[t, k]") \
   X(head_matmul, "per head h: y[t, h, :out] = x[t, h, :in] . W_h^T (strided), x[t, h, in:in+pass] copied after") \
+  X(short_conv, "y[T, C] = silu(causal depthwise conv1d, width W, per sequence; W-1 inputs of state each)") \
+  X(kda_gate, "KDA log decay g[T, H*K] <= 0: -exp(A_log) softplus(raw + dt_bias) or lb sigmoid(...)")    \
+  X(kda_recurrent, "Kimi Delta Attention step by step (decode): S <- e^g S + beta k (v - S^T k)^T, o = S^T q") \
+  X(kda_chunked, "Kimi Delta Attention in chunks of tokens (prefill): kda_recurrent's outputs and state")    \
+  X(gated_rms_norm, "y[T, H, D] = rms_norm(x) per head * weight * sigmoid(gate) (KDA's output norm)")     \
   X(softmax, "rows of x[T, n] -> probabilities, with temperature")                               \
   X(top_k_renorm_prob, "keep p >= k-th largest (ties kept), renormalize")                       \
   X(top_p_renorm_prob, "keep the smallest top set reaching p (ties kept), renormalize")        \

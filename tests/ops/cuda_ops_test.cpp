@@ -424,6 +424,152 @@ TEST_F(CudaOps, SamplingWithTies) {
   }
 }
 
+// ---- Kimi Delta Attention ops (kda_ops_test.cpp has the host side) ------------------------------
+
+TEST(CudaOpsRegistry, KdaOpsResolveForRealShapes) {
+  for (auto [heads, dim] : {std::pair<int64_t, int64_t>{12, 128}, {96, 128}, {32, 128}, {4, 16}})
+    for (OpId op : {OpId::short_conv, OpId::kda_gate, OpId::kda_recurrent, OpId::kda_chunked, OpId::gated_rms_norm}) {
+      const Resolution r =
+          Registry::global().resolve(op, Backend::cuda, OpShape{.heads_per_rank = heads, .head_dim = dim});
+      EXPECT_EQ(r.kind, Resolution::Kind::kernel) << op_name(op) << " " << r.describe();
+    }
+  // the recurrent kernels hold a thread's state rows in registers: head dims up to 256
+  const OpShape too_wide{.heads_per_rank = 4, .head_dim = 512};
+  EXPECT_FALSE(Registry::global().resolve(OpId::kda_chunked, Backend::cuda, too_wide).usable());
+}
+
+// Per-sequence device states and the device array of their pointers, as the ops take them.
+struct DevStates {
+  std::vector<std::unique_ptr<Dev<float>>> each;
+  std::unique_ptr<Dev<float*>> ptrs;
+  explicit DevStates(const std::vector<std::vector<float>>& host) {
+    std::vector<float*> p;
+    for (const auto& h : host) {
+      each.push_back(std::make_unique<Dev<float>>(h));
+      p.push_back(each.back()->p);
+    }
+    ptrs = std::make_unique<Dev<float*>>(p);
+  }
+  std::vector<float> host() const {
+    std::vector<float> out;
+    for (const auto& d : each) {
+      const auto h = d->host();
+      out.insert(out.end(), h.begin(), h.end());
+    }
+    return out;
+  }
+};
+
+// Several sequences (one of length 1, one past several chunks) in two calls split mid-sequence,
+// states carried; both KDA ops against the reference kda_recurrent.
+TEST_F(CudaOps, KdaRecurrentAndChunked) {
+  std::mt19937 rng(9);
+  struct Shape {
+    int64_t H, K, V;
+    std::vector<int32_t> lens;
+  };
+  for (const Shape& sh : {Shape{12, 128, 128, {1, 40, 300}}, Shape{4, 16, 16, {1, 2, 17, 33}},
+                          Shape{3, 20, 24, {7, 65}}, Shape{2, 256, 64, {20}}}) {
+    const int64_t H = sh.H, K = sh.K, V = sh.V, S = static_cast<int64_t>(sh.lens.size());
+    std::vector<int32_t> starts(S), first(S), second(S), starts2(S);
+    int64_t T = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      starts[s] = static_cast<int32_t>(T);
+      first[s] = sh.lens[s] / 2;
+      second[s] = sh.lens[s] - first[s];
+      starts2[s] = starts[s] + first[s];
+      T += sh.lens[s];
+    }
+    const auto q = randn(T * H * K, rng), k = randn(T * H * K, rng), v = randn(T * H * V, rng),
+               beta = randn(T * H, rng, 2.0f);
+    std::vector<float> g(T * H * K);
+    std::normal_distribution<float> log_rate(-1.5f, 1.5f);
+    for (float& x : g) x = -std::min(40.0f, std::exp(log_rate(rng)));
+    std::vector<std::vector<float>> states;
+    for (int64_t s = 0; s < S; ++s) states.push_back(randn(H * K * V, rng, 0.3f));
+
+    auto args = [&](const float* dq, const float* dk, const float* dv, const float* dg, const float* db,
+                     const int32_t* st, const int32_t* len, float* const* sp, float* out) {
+      return KdaArgs{dq, dk, H * K, dv, H * V, dg, db, T, H, K, V, S, st, len, sp, out};
+    };
+    auto ref_states = states;
+    std::vector<float*> ref_ptrs;
+    for (auto& st : ref_states) ref_ptrs.push_back(st.data());
+    std::vector<float> ref_out(T * H * V);
+    for (const auto* part : {&first, &second})
+      ref_fn<KdaFn>(OpId::kda_recurrent)(args(q.data(), k.data(), v.data(), g.data(), beta.data(),
+                                              part == &first ? starts.data() : starts2.data(), part->data(),
+                                              ref_ptrs.data(), ref_out.data()));
+    std::vector<float> ref_state_all;
+    for (const auto& st : ref_states) ref_state_all.insert(ref_state_all.end(), st.begin(), st.end());
+
+    Dev<float> dq(q), dk(k), dv(v), dg(g), db(beta);
+    Dev<int32_t> dstarts(starts), dstarts2(starts2), dfirst(first), dsecond(second);
+    for (OpId op : {OpId::kda_recurrent, OpId::kda_chunked}) {
+      DevStates dstates(states);
+      Dev<float> dout(std::vector<float>(T * H * V, NAN));
+      cuda_fn<KdaFn>(op)(args(dq.p, dk.p, dv.p, dg.p, db.p, dstarts.p, dfirst.p, dstates.ptrs->p, dout.p));
+      cuda_fn<KdaFn>(op)(args(dq.p, dk.p, dv.p, dg.p, db.p, dstarts2.p, dsecond.p, dstates.ptrs->p, dout.p));
+      EXPECT_LE(normalized_error(dout.host(), ref_out), kExact) << op_name(op) << " H=" << H << " K=" << K;
+      EXPECT_LE(normalized_error(dstates.host(), ref_state_all), kExact) << op_name(op) << " states H=" << H;
+    }
+  }
+}
+
+TEST_F(CudaOps, KdaShortConvGateAndGatedNorm) {
+  std::mt19937 rng(10);
+  // short_conv: three sequences in two calls (the second continues from the state)
+  const int64_t C = 389, W = 4;
+  const std::vector<int32_t> lens = {1, 2, 70}, first = {1, 1, 33}, second = {0, 1, 37};
+  std::vector<int32_t> starts = {0, 1, 3}, starts2(3);
+  for (int s = 0; s < 3; ++s) starts2[s] = starts[s] + first[s];
+  const int64_t T = 73;
+  const auto x = randn(T * C, rng, 2.0f), w = randn(C * W, rng, 0.5f);
+  std::vector<std::vector<float>> states;
+  for (int s = 0; s < 3; ++s) states.push_back(randn((W - 1) * C, rng));
+  auto ref_states = states;
+  std::vector<float*> ref_ptrs;
+  for (auto& st : ref_states) ref_ptrs.push_back(st.data());
+  std::vector<float> ref_y(T * C);
+  for (int call = 0; call < 2; ++call)
+    ref_fn<ShortConvFn>(OpId::short_conv)(ShortConvArgs{x.data(), C, T, C, W, w.data(), 3,
+                                                        call == 0 ? starts.data() : starts2.data(),
+                                                        call == 0 ? first.data() : second.data(), ref_ptrs.data(),
+                                                        ref_y.data(), C});
+  {
+    Dev<float> dx(x), dw(w), dy(std::vector<float>(T * C, NAN));
+    Dev<int32_t> ds(starts), ds2(starts2), df(first), dsec(second);
+    DevStates dstates(states);
+    for (int call = 0; call < 2; ++call)
+      cuda_fn<ShortConvFn>(OpId::short_conv)(ShortConvArgs{dx.p, C, T, C, W, dw.p, 3, call == 0 ? ds.p : ds2.p,
+                                                           call == 0 ? df.p : dsec.p, dstates.ptrs->p, dy.p, C});
+    EXPECT_LE(normalized_error(dy.host(), ref_y), kExact) << "short_conv";
+    std::vector<float> want_states;
+    for (const auto& st : ref_states) want_states.insert(want_states.end(), st.begin(), st.end());
+    EXPECT_EQ(dstates.host(), want_states) << "short_conv states";
+  }
+  // kda_gate, both forms, and gated_rms_norm
+  const int64_t H = 12, K = 128, Tg = 5;
+  auto raw = randn(Tg * H * K, rng, 8.0f);
+  raw[0] = 30.0f;
+  const auto dt_bias = randn(H * K, rng), a_log = randn(H, rng), gate = randn(Tg * H * K, rng, 3.0f),
+             nw = randn(K, rng);
+  Dev<float> draw(raw), dbias(dt_bias), dalog(a_log), dgate(gate), dnw(nw);
+  for (float lb : {0.0f, -5.0f}) {
+    std::vector<float> ref(raw.size());
+    ref_fn<KdaGateFn>(OpId::kda_gate)(KdaGateArgs{raw.data(), Tg, H, K, a_log.data(), dt_bias.data(), lb, ref.data()});
+    Dev<float> dg(std::vector<float>(raw.size(), NAN));
+    cuda_fn<KdaGateFn>(OpId::kda_gate)(KdaGateArgs{draw.p, Tg, H, K, dalog.p, dbias.p, lb, dg.p});
+    EXPECT_LE(normalized_error(dg.host(), ref), kExact) << "kda_gate lb=" << lb;
+  }
+  std::vector<float> ref(raw.size());
+  ref_fn<GatedRmsNormFn>(OpId::gated_rms_norm)(GatedRmsNormArgs{raw.data(), gate.data(), nw.data(), Tg, H, K, 1e-5f,
+                                                                ref.data()});
+  Dev<float> dy(std::vector<float>(raw.size(), NAN));
+  cuda_fn<GatedRmsNormFn>(OpId::gated_rms_norm)(GatedRmsNormArgs{draw.p, dgate.p, dnw.p, Tg, H, K, 1e-5f, dy.p});
+  EXPECT_LE(normalized_error(dy.host(), ref), kExact) << "gated_rms_norm";
+}
+
 }  // namespace
 }  // namespace moat::ops
 

@@ -40,6 +40,8 @@ namespace moat::ops {
 
 namespace moat::ops {
 
+void register_cpu_kda_kernels(Registry& registry);  // kda_cpu.cpp
+
 void register_cpu_kernels(Registry& r) {
   auto add = [&](OpId op, std::string name, void* fn, Constraints c, int priority) {
     r.add(KernelEntry{op, Backend::cpu, std::move(name), fn, std::move(c), priority, {}});
@@ -99,6 +101,7 @@ void register_cpu_kernels(Registry& r) {
       Constraints{.weight_dtypes = {DType::BF16, DType::F16, DType::F8_E4M3, DType::MXFP4, DType::INT4_G32},
                   .cpu_isa = "avx512bf16"},
       30);
+  register_cpu_kda_kernels(r);
 }
 
 }  // namespace moat::ops

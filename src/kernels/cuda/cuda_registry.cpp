@@ -6,6 +6,8 @@
 
 namespace moat::ops {
 
+void register_cuda_kda_kernels(Registry& registry);  // kda.cu
+
 void register_cuda_kernels(Registry& r) {
   auto add = [&](OpId op, const char* name, void* fn, Constraints c = {}) {
     r.add(KernelEntry{op, Backend::cuda, name, fn, std::move(c), 10, {}});
@@ -38,6 +40,7 @@ void register_cuda_kernels(Registry& r) {
   add(OpId::min_p_renorm_prob, "cuda.min_p_renorm_prob", fn(&cuda::min_p_renorm_prob));
   add(OpId::sample_from_probs, "cuda.sample_from_probs", fn(&cuda::sample_from_probs));
   add(OpId::argmax, "cuda.argmax", fn(&cuda::argmax));
+  register_cuda_kda_kernels(r);
 }
 
 }  // namespace moat::ops

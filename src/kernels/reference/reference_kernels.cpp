@@ -346,6 +346,8 @@ void argmax_ref(const float* x, int64_t T, int64_t n, int32_t* out) {
 
 }  // namespace
 
+void register_reference_kda_kernels(Registry& registry);  // kda_reference.cpp
+
 void register_reference_kernels(Registry& r) {
   auto add = [&](OpId op, const char* name, void* fn, Constraints c = {}) {
     r.add(KernelEntry{op, Backend::reference, name, fn, std::move(c), 0, {Backend::cpu}});
@@ -371,6 +373,7 @@ void register_reference_kernels(Registry& r) {
   add(OpId::min_p_renorm_prob, "reference.min_p_renorm_prob", reinterpret_cast<void*>(&min_p_renorm_ref));
   add(OpId::sample_from_probs, "reference.sample_from_probs", reinterpret_cast<void*>(&sample_from_probs_ref));
   add(OpId::argmax, "reference.argmax", reinterpret_cast<void*>(&argmax_ref));
+  register_reference_kda_kernels(r);
 }
 
 }  // namespace moat::ops
