@@ -38,6 +38,10 @@ void register_cuda_kernels(Registry& r) {
   add(OpId::min_p_renorm_prob, "cuda.min_p_renorm_prob", fn(&cuda::min_p_renorm_prob));
   add(OpId::sample_from_probs, "cuda.sample_from_probs", fn(&cuda::sample_from_probs));
   add(OpId::argmax, "cuda.argmax", fn(&cuda::argmax));
+  // Kimi K3 (k3_kernels.cu)
+  add(OpId::situ_mul, "cuda.situ_mul", fn(&cuda::situ_mul));
+  add(OpId::sigmoid_mul, "cuda.sigmoid_mul", fn(&cuda::sigmoid_mul));
+  add(OpId::attn_res_mix, "cuda.attn_res_mix", fn(&cuda::attn_res_mix));
 }
 
 }  // namespace moat::ops
