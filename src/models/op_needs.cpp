@@ -27,6 +27,8 @@ Result<ops::ModelOpNeeds> model_op_needs(const ModelConfig& config, int64_t tp, 
     needs.kda_heads_per_rank = config.linear_attn->num_heads / tp;
     needs.kda_head_dim = config.linear_attn->head_dim;
   }
+  // Kimi K3's SiTU, MLA output gate and attention-residual mix
+  needs.k3_ops = config.hidden_act == "situ" || config.mla_use_output_gate || config.attn_res_block_size > 0;
   needs.attention_head_dim = config.kv_cache_dim();
   needs.kv_dtype = kv_dtype;
   needs.num_experts = config.n_routed_experts;

@@ -56,6 +56,9 @@ std::vector<ResolvedOp> OpTable::plan(Backend backend, const ModelOpNeeds& needs
   for (OpId op : {OpId::softmax, OpId::top_k_renorm_prob, OpId::top_p_renorm_prob,
                   OpId::min_p_renorm_prob, OpId::sample_from_probs, OpId::argmax})
     add(op, std::string(op_name(op)), {});
+  // Kimi K3's SiTU MLPs, MLA output gate and attention residuals
+  if (needs.k3_ops)
+    for (OpId op : {OpId::situ_mul, OpId::sigmoid_mul, OpId::attn_res_mix}) add(op, std::string(op_name(op)), {});
   return out;
 }
 
@@ -99,6 +102,10 @@ Result<OpTable> OpTable::resolve(Backend backend, const ModelOpNeeds& needs) {
       case OpId::min_p_renorm_prob: table.min_p_ = reinterpret_cast<MinPRenormFn>(fn); break;
       case OpId::sample_from_probs: table.sample_ = reinterpret_cast<SampleFromProbsFn>(fn); break;
       case OpId::argmax: table.argmax_ = reinterpret_cast<ArgmaxFn>(fn); break;
+      // Kimi K3
+      case OpId::situ_mul: table.situ_mul_ = reinterpret_cast<SituMulFn>(fn); break;
+      case OpId::sigmoid_mul: table.sigmoid_mul_ = reinterpret_cast<SigmoidMulFn>(fn); break;
+      case OpId::attn_res_mix: table.attn_res_mix_ = reinterpret_cast<AttnResMixFn>(fn); break;
     }
   }
   if (!unsupported.empty())

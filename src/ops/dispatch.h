@@ -26,6 +26,9 @@ struct ModelOpNeeds {
   // and their head dim (K = V). 0: no KDA layers, and the five KDA ops are not resolved.
   int64_t kda_heads_per_rank = 0;
   int64_t kda_head_dim = 0;
+  // Kimi K3: situ_mul, sigmoid_mul and attn_res_mix are resolved (and shown by `moat doctor`)
+  // only when set.
+  bool k3_ops = false;
 };
 
 struct ResolvedOp {
@@ -73,6 +76,8 @@ class OpTable {
   void moe_route(const MoeRouteArgs& args) const { moe_route_(args); }
   void moe_experts(const MoeExpertsArgs& args) const {
     MOAT_CHECK(moe_experts_ != nullptr, "moe_experts was not resolved at load time");
+    MOAT_CHECK(args.activation != GatedActivation::situ || situ_mul_ != nullptr,
+               "moe_experts with the SiTU activation needs situ_mul, resolved only with ModelOpNeeds::k3_ops");
     moe_experts_(args, inner_ops());
   }
   // Resolved per weight dtype, like matmul (heads' weights are the absorbed copies' dtype).
@@ -106,7 +111,7 @@ class OpTable {
     gated_rms_norm_(args);
   }
   // What composite ops run inside (kernel_types.h InnerOps): this table's own kernels.
-  InnerOps inner_ops() const { return {matmul_.data(), precision_, silu_mul_, add_scaled_}; }
+  InnerOps inner_ops() const { return {matmul_.data(), precision_, silu_mul_, add_scaled_, situ_mul_}; }
   void softmax(const float* x, int64_t T, int64_t n, float temperature, float* probs) const {
     softmax_(x, T, n, temperature, probs);
   }
@@ -117,6 +122,21 @@ class OpTable {
     sample_(p, T, n, u, out);
   }
   void argmax(const float* x, int64_t T, int64_t n, int32_t* out) const { argmax_(x, T, n, out); }
+
+  // ---- Kimi K3 (kernel_types.h; resolved only with ModelOpNeeds::k3_ops) ----
+  void situ_mul(const float* gate, const float* up, int64_t T, int64_t n, float beta, float linear_beta,
+                float* y) const {
+    MOAT_CHECK(situ_mul_ != nullptr, "situ_mul was not resolved at load time (ModelOpNeeds::k3_ops)");
+    situ_mul_(gate, up, T, n, beta, linear_beta, y);
+  }
+  void sigmoid_mul(const float* x, const float* gate, int64_t n, float* y) const {
+    MOAT_CHECK(sigmoid_mul_ != nullptr, "sigmoid_mul was not resolved at load time (ModelOpNeeds::k3_ops)");
+    sigmoid_mul_(x, gate, n, y);
+  }
+  void attn_res_mix(const AttnResMixArgs& args) const {
+    MOAT_CHECK(attn_res_mix_ != nullptr, "attn_res_mix was not resolved at load time (ModelOpNeeds::k3_ops)");
+    attn_res_mix_(args);
+  }
 
  private:
   Backend backend_ = Backend::reference;
@@ -145,6 +165,10 @@ class OpTable {
   MinPRenormFn min_p_ = nullptr;
   SampleFromProbsFn sample_ = nullptr;
   ArgmaxFn argmax_ = nullptr;
+  // Kimi K3
+  SituMulFn situ_mul_ = nullptr;
+  SigmoidMulFn sigmoid_mul_ = nullptr;
+  AttnResMixFn attn_res_mix_ = nullptr;
 };
 
 // Parses "reference" / "cpu" / "cuda".

@@ -110,6 +110,36 @@ struct MoeRouteArgs {
 };
 using MoeRouteFn = void (*)(const MoeRouteArgs& args);
 
+// ---- Kimi K3 (k3_ops: resolved when ModelOpNeeds::k3_ops is set) ------------------------------
+
+// Kimi K3's SiTU gated activation, in every MLP (dense, shared and routed experts):
+//   y[t, i] = beta * tanh(g / beta) * sigmoid(g) * linear_beta * tanh(u / linear_beta)
+// with g = gate[t, i], u = up[t, i] (beta 4, linear_beta 25 in K3). y may alias gate.
+using SituMulFn = void (*)(const float* gate, const float* up, int64_t T, int64_t n, float beta, float linear_beta,
+                           float* y);
+
+// y[i] = x[i] * sigmoid(gate[i]) (K3's MLA output gate). y may alias x.
+using SigmoidMulFn = void (*)(const float* x, const float* gate, int64_t n, float* y);
+
+// Kimi K3's attention-residual mix, per token t: rows[r] are [T, dim] (a bank of earlier block
+// sums and the current one);
+//   score_r = sum_d rows[r][t][d] * rsqrt(mean_d(rows[r][t][d]^2) + eps) * weight[d]
+//   p = softmax_r(score) (max-subtracted); out[t] = sum_r p_r * rows[r][t] (the raw rows).
+// out may not alias a row.
+struct AttnResMixArgs {
+  const float* const* rows;   // [num_rows] host array of pointers to [T, dim] (backend memory)
+  int64_t num_rows, num_tokens, dim;
+  const float* weight;        // [dim]
+  float eps;
+  float* out;                 // [T, dim]
+};
+using AttnResMixFn = void (*)(const AttnResMixArgs& args);
+
+// The gated activation of an MoE layer's experts: silu(g) * u, or K3's SiTU (SituMulFn).
+enum class GatedActivation { silu, situ };
+
+// ---- end Kimi K3 -------------------------------------------------------------------------------
+
 // The kernels of its own backend a composite op (moe_experts, head_matmul) runs inside: the op
 // table's resolved matmul per weight dtype (with the table's precision), silu_mul and add_scaled.
 // So a composite op multiplies exactly as every other linear layer of the model does, and a
@@ -119,10 +149,12 @@ struct InnerOps {
   MatmulPrecision precision;
   SiluMulFn silu_mul = nullptr;
   AddScaledFn add_scaled = nullptr;
+  SituMulFn situ_mul = nullptr;  // Kimi K3 (moe_experts with GatedActivation::situ); nullptr unless k3_ops
 };
 
 // The routed experts of one MoE layer, after moe_route:
-//   out[t] += sum_k topk_weights[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e = topk_ids[t, k]
+//   out[t] += sum_k topk_weights[t, k] * down_e(act(gate_e(x[t]), up_e(x[t]))), e = topk_ids[t, k]
+// act(g, u) = silu(g) * u, or with activation == situ K3's SiTU (SituMulFn, situ_beta, situ_linear_beta).
 // Adds into out (the shared experts' output is already there), k in order for every token.
 // Kernels group the T * top_k rows by expert, so each expert's weights stream once per call.
 struct MoeExpertsArgs {
@@ -133,6 +165,9 @@ struct MoeExpertsArgs {
   const MlpWeights* experts;    // [num_experts] host array; gate/up [inter, hidden], down [hidden, inter]
   int64_t num_experts, intermediate;
   float* out;                   // [T, hidden]
+  // Kimi K3: SiTU instead of SiLU (kernels run the InnerOps' situ_mul; the defaults are plain SiLU)
+  GatedActivation activation = GatedActivation::silu;
+  float situ_beta = 4.0f, situ_linear_beta = 25.0f;
 };
 using MoeExpertsFn = void (*)(const MoeExpertsArgs& args, const InnerOps& inner);
 

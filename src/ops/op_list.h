@@ -19,7 +19,7 @@ namespace moat::ops {
   X(store_latent, "write latent rows [T, D] into the paged cache by slot (bf16 / fp8 + row scale)") \
   X(mla_attention, "absorbed MLA over the paged cache: out[T, heads, kv_lora] = softmax(q.latent^T * scale) . latent") \
   X(moe_route, "router scores -> top-k experts and weights (noaux_tc groups / greedy)")         \
-  X(moe_experts, "out[T, hidden] += sum_k w[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e = ids[t, k]") \
+  X(moe_experts, "out[T, hidden] += sum_k w[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t])) (or K3's SiTU), e = ids[t, k]") \
   X(head_matmul, "per head h: y[t, h, :out] = x[t, h, :in] . W_h^T (strided), x[t, h, in:in+pass] copied after") \
   X(short_conv, "y[T, C] = silu(causal depthwise conv1d, width W, per sequence; W-1 inputs of state each)") \
   X(kda_gate, "KDA log decay g[T, H*K] <= 0: -exp(A_log) softplus(raw + dt_bias) or lb sigmoid(...)")    \
@@ -31,7 +31,11 @@ namespace moat::ops {
   X(top_p_renorm_prob, "keep the smallest top set reaching p (ties kept), renormalize")        \
   X(min_p_renorm_prob, "keep p >= min_p * max(p), renormalize")                                 \
   X(sample_from_probs, "draw one index per row from probabilities with a uniform u")           \
-  X(argmax, "index of the largest value per row (lowest index on ties)")
+  X(argmax, "index of the largest value per row (lowest index on ties)")                        \
+  /* Kimi K3 (resolved when ModelOpNeeds::k3_ops) */                                            \
+  X(situ_mul, "y[T, n] = b*tanh(gate/b)*sigmoid(gate) * lb*tanh(up/lb) (K3 SiTU, b 4, lb 25)")   \
+  X(sigmoid_mul, "y[n] = x[n] * sigmoid(gate[n]) (K3 MLA output gate)")                          \
+  X(attn_res_mix, "out[t] = sum_r softmax_r(rows[r][t] . w / rms(rows[r][t])) * rows[r][t] (K3 AttnRes)")
 
 enum class OpId {
 #define MOAT_OP_ENUM(name, summary) name,

@@ -302,7 +302,7 @@ struct DevWeight {
 InnerOps cuda_inner(std::array<MatmulFn, 16>& by_dtype) {
   by_dtype.fill(cuda_fn<MatmulFn>(OpId::matmul));
   return InnerOps{by_dtype.data(), MatmulPrecision::exact(), cuda_fn<SiluMulFn>(OpId::silu_mul),
-                  cuda_fn<AddScaledFn>(OpId::add_scaled)};
+                  cuda_fn<AddScaledFn>(OpId::add_scaled), cuda_fn<SituMulFn>(OpId::situ_mul)};
 }
 
 TEST_F(CudaOps, MoeExperts) {
@@ -568,6 +568,118 @@ TEST_F(CudaOps, KdaShortConvGateAndGatedNorm) {
   Dev<float> dy(std::vector<float>(raw.size(), NAN));
   cuda_fn<GatedRmsNormFn>(OpId::gated_rms_norm)(GatedRmsNormArgs{draw.p, dgate.p, dnw.p, Tg, H, K, 1e-5f, dy.p});
   EXPECT_LE(normalized_error(dy.host(), ref), kExact) << "gated_rms_norm";
+}
+
+// ---- Kimi K3: situ_mul, sigmoid_mul, attn_res_mix, moe_experts with SiTU ----------------------
+// Tolerances as tests/ops/k3_ops_test.cpp's for the host kernels: tanhf / expf are ~2 ulp, and
+// attn_res_mix sums rows in double (k3_kernels.cu).
+
+// Largest |out - ref| / max(|ref|, 1e-30) per element.
+double k3_max_relative_error(const std::vector<float>& out, const std::vector<float>& ref) {
+  double worst = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isnan(out[i]) != std::isnan(ref[i])) return INFINITY;
+    worst = std::max(worst, std::fabs(static_cast<double>(out[i]) - ref[i]) /
+                                std::max(std::fabs(static_cast<double>(ref[i])), 1e-30));
+  }
+  return worst;
+}
+
+TEST_F(CudaOps, K3SituMulAndSigmoidMul) {
+  std::mt19937 rng(11);
+  for (int64_t n : {16, 33, 128, 7168})
+    for (int64_t T : {1, 3, 70}) {
+      auto g = randn(T * n, rng, 4.0f);
+      const float edges[] = {60.0f, -60.0f, 0.0f, 2.0f, -2.0f, 1e-7f, 30.0f, -45.0f};
+      for (size_t i = 0; i < std::size(edges); ++i) g[i] = edges[i];
+      auto u = randn(T * n, rng, 10.0f);
+      u[T * n - 1] = 200.0f, u[T * n - 2] = -12.5f;
+      Dev<float> dg(g), du(u), dy(std::vector<float>(T * n));
+      std::vector<float> ref(T * n);
+      ref_fn<SituMulFn>(OpId::situ_mul)(g.data(), u.data(), T, n, 4.0f, 25.0f, ref.data());
+      cuda_fn<SituMulFn>(OpId::situ_mul)(dg.p, du.p, T, n, 4.0f, 25.0f, dy.p);
+      EXPECT_LE(k3_max_relative_error(dy.host(), ref), 1e-5) << "situ_mul n=" << n << " T=" << T;
+      Dev<float> dalias(g);  // y may alias gate
+      cuda_fn<SituMulFn>(OpId::situ_mul)(dalias.p, du.p, T, n, 4.0f, 25.0f, dalias.p);
+      EXPECT_LE(k3_max_relative_error(dalias.host(), ref), 1e-5) << "situ_mul aliased n=" << n;
+      ref_fn<SigmoidMulFn>(OpId::sigmoid_mul)(u.data(), g.data(), T * n, ref.data());
+      cuda_fn<SigmoidMulFn>(OpId::sigmoid_mul)(du.p, dg.p, T * n, dy.p);
+      EXPECT_LE(k3_max_relative_error(dy.host(), ref), 1e-5) << "sigmoid_mul n=" << n << " T=" << T;
+    }
+}
+
+TEST_F(CudaOps, K3AttnResMix) {
+  std::mt19937 rng(12);
+  for (int64_t D : {16, 33, 7168})
+    for (int64_t T : {1, 3, 70})
+      for (int64_t R : {1, 2, 5, 9, 40}) {  // 40: more rows than travel in the kernel's parameters
+        if (R == 40 && D == 7168 && T == 70) continue;
+        std::vector<std::vector<float>> rows;
+        std::vector<std::unique_ptr<Dev<float>>> dev_rows;
+        std::vector<const float*> host_ptrs, dev_ptrs;
+        std::uniform_real_distribution<float> scale(0.1f, 30.0f);
+        for (int64_t r = 0; r < R; ++r) {
+          auto v = randn(T * D, rng);
+          for (int64_t t = 0; t < T; ++t) {
+            const float s = r == 0 && D == 33 ? 1e20f : scale(rng);  // D = 33: one huge row
+            for (int64_t d = 0; d < D; ++d) v[t * D + d] *= s;
+          }
+          rows.push_back(std::move(v));
+          dev_rows.push_back(std::make_unique<Dev<float>>(rows.back()));
+          host_ptrs.push_back(rows.back().data());
+          dev_ptrs.push_back(dev_rows.back()->p);
+        }
+        for (float wscale : {1.0f / std::sqrt(static_cast<float>(D)), 1.0f}) {
+          const auto w = randn(D, rng, wscale);
+          std::vector<float> ref(T * D);
+          ref_fn<AttnResMixFn>(OpId::attn_res_mix)(AttnResMixArgs{host_ptrs.data(), R, T, D, w.data(), 1e-6f, ref.data()});
+          Dev<float> dw(w), dout(std::vector<float>(T * D));
+          cuda_fn<AttnResMixFn>(OpId::attn_res_mix)(AttnResMixArgs{dev_ptrs.data(), R, T, D, dw.p, 1e-6f, dout.p});
+          const auto got = dout.host();
+          for (int64_t t = 0; t < T; ++t)
+            EXPECT_LE(normalized_error(std::vector<float>(got.begin() + t * D, got.begin() + (t + 1) * D),
+                                       std::vector<float>(ref.begin() + t * D, ref.begin() + (t + 1) * D)),
+                      kExact)
+                << "attn_res_mix D=" << D << " T=" << T << " R=" << R << " t=" << t;
+        }
+      }
+}
+
+TEST_F(CudaOps, K3MoeExpertsSitu) {
+  std::mt19937 rng(13);
+  const int64_t H = 40, I = 24, E = 8, K = 3;
+  std::vector<std::unique_ptr<DevWeight>> owned;
+  std::vector<MlpWeights> host_experts(E), dev_experts(E);
+  for (int64_t e = 0; e < E; ++e) {
+    for (int m = 0; m < 3; ++m) owned.push_back(std::make_unique<DevWeight>(m == 2 ? H : I, m == 2 ? I : H, rng));
+    host_experts[e] = {owned[3 * e]->host, owned[3 * e + 1]->host, owned[3 * e + 2]->host};
+    dev_experts[e] = {owned[3 * e]->dev, owned[3 * e + 1]->dev, owned[3 * e + 2]->dev};
+  }
+  std::array<MatmulFn, 16> by_dtype;
+  const InnerOps inner = cuda_inner(by_dtype);
+  for (int64_t T : {1, 3, 17}) {
+    const auto x = randn(T * H, rng, 3.0f), base = randn(T * H, rng);
+    std::vector<int32_t> ids(T * K);
+    std::vector<float> w(T * K);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t k = 0; k < K; ++k) {
+        ids[t * K + k] = static_cast<int32_t>((t * 5 + k * 2) % 6);
+        w[t * K + k] = 0.1f + 0.3f * static_cast<float>(k);
+      }
+    std::vector<float> want = base;
+    MoeExpertsArgs a{x.data(), T, H, K, ids.data(), w.data(), host_experts.data(), E, I, want.data()};
+    a.activation = GatedActivation::situ;
+    ref_fn<MoeExpertsFn>(OpId::moe_experts)(a, inner);
+    Dev<float> dx(x), dw(w), dout(base);
+    Dev<int32_t> dids(ids);
+    a.x = dx.p;
+    a.topk_ids = dids.p;
+    a.topk_weights = dw.p;
+    a.experts = dev_experts.data();
+    a.out = dout.p;
+    cuda_fn<MoeExpertsFn>(OpId::moe_experts)(a, inner);
+    EXPECT_LE(normalized_error(dout.host(), want), kBf16) << "SiTU T=" << T;
+  }
 }
 
 }  // namespace

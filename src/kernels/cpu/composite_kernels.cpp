@@ -1,7 +1,8 @@
 // CPU kernels of the composite ops (moe_experts, head_matmul): the loops the model used to run
 // itself, now behind the registry so model code is the same on every backend. They do no
 // arithmetic of their own: every multiply goes through the op table's resolved matmul, silu_mul
-// and add_scaled (InnerOps), so they are as fast as those on any ISA and need none themselves.
+// (situ_mul for Kimi K3) and add_scaled (InnerOps), so they are as fast as those on any ISA and
+// need none themselves.
 // What they add is the schedule: how rows are grouped and how the pool is split, one dispatch
 // where the model used to issue one per head or per expert.
 #include <algorithm>
@@ -67,6 +68,8 @@ void moe_experts_cpu(const MoeExpertsArgs& a, const InnerOps& inner) {
 
   const SiluMulFn silu_mul = inner.silu_mul;
   MOAT_CHECK(silu_mul != nullptr && inner.add_scaled != nullptr, "moe_experts needs silu_mul and add_scaled");
+  MOAT_CHECK(a.activation != GatedActivation::situ || inner.situ_mul != nullptr,
+             "moe_experts with the SiTU activation needs InnerOps::situ_mul (ModelOpNeeds::k3_ops)");
   auto run_expert = [&](int32_t e) {
     const MlpWeights& w = a.experts[e];
     const int64_t row0 = s.expert_begin[e], rows = s.expert_begin[e + 1] - row0;
@@ -75,7 +78,10 @@ void moe_experts_cpu(const MoeExpertsArgs& a, const InnerOps& inner) {
     float* up = &s.up[row0 * I];
     matmul_for(inner, w.gate_proj.dtype)(x, rows, w.gate_proj, gate, inner.precision);  // [rows, I]
     matmul_for(inner, w.up_proj.dtype)(x, rows, w.up_proj, up, inner.precision);        // [rows, I]
-    silu_mul(gate, up, rows, I, gate);
+    if (a.activation == GatedActivation::situ)  // Kimi K3
+      inner.situ_mul(gate, up, rows, I, a.situ_beta, a.situ_linear_beta, gate);
+    else
+      silu_mul(gate, up, rows, I, gate);
     matmul_for(inner, w.down_proj.dtype)(gate, rows, w.down_proj, &s.out[row0 * H], inner.precision);  // [rows, H]
   };
   // Few rows per expert (decode): one pool dispatch for the whole layer, experts side by side, each

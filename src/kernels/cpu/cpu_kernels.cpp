@@ -24,6 +24,7 @@
 namespace moat::ops {
 #define MOAT_CPU_NS cpu_avx512
 #include "kernels/cpu/cpu_generic.inc"
+#include "kernels/cpu/k3_generic.inc"  // Kimi K3 ops: use cpu_generic.inc's vector helpers
 #undef MOAT_CPU_NS
 }  // namespace moat::ops
 #pragma GCC pop_options
@@ -34,6 +35,7 @@ namespace moat::ops {
 namespace moat::ops {
 #define MOAT_CPU_NS cpu_avx2
 #include "kernels/cpu/cpu_generic.inc"
+#include "kernels/cpu/k3_generic.inc"  // Kimi K3 ops: use cpu_generic.inc's vector helpers
 #undef MOAT_CPU_NS
 }  // namespace moat::ops
 #pragma GCC pop_options
@@ -102,6 +104,23 @@ void register_cpu_kernels(Registry& r) {
                   .cpu_isa = "avx512bf16"},
       30);
   register_cpu_kda_kernels(r);
+
+  // ---- Kimi K3 (k3_generic.inc): the same ISA / priority pattern as silu_mul ----
+  struct K3Isa {
+    const char* isa;
+    int priority;
+    SituMulFn situ_mul;
+    SigmoidMulFn sigmoid_mul;
+    AttnResMixFn attn_res_mix;
+  };
+  for (const K3Isa& k : {K3Isa{"avx512", 20, &cpu_avx512::situ_mul, &cpu_avx512::sigmoid_mul, &cpu_avx512::attn_res_mix},
+                         K3Isa{"avx2", 10, &cpu_avx2::situ_mul, &cpu_avx2::sigmoid_mul, &cpu_avx2::attn_res_mix}}) {
+    auto name = [&](const char* op) { return fmt::format("cpu.{}_{}", op, k.isa); };
+    const Constraints c{.cpu_isa = k.isa};
+    add(OpId::situ_mul, name("situ_mul"), reinterpret_cast<void*>(k.situ_mul), c, k.priority);
+    add(OpId::sigmoid_mul, name("sigmoid_mul"), reinterpret_cast<void*>(k.sigmoid_mul), c, k.priority);
+    add(OpId::attn_res_mix, name("attn_res_mix"), reinterpret_cast<void*>(k.attn_res_mix), c, k.priority);
+  }
 }
 
 }  // namespace moat::ops

@@ -34,4 +34,17 @@ MOAT_CPU_GENERIC_DECLS
 }
 #undef MOAT_CPU_GENERIC_DECLS
 
+// Kimi K3's ops (k3_generic.inc), one copy per ISA.
+#define MOAT_CPU_K3_DECLS                                                                                  \
+  void situ_mul(const float* gate, const float* up, int64_t T, int64_t n, float beta, float linear_beta, float* y); \
+  void sigmoid_mul(const float* x, const float* gate, int64_t n, float* y);                               \
+  void attn_res_mix(const AttnResMixArgs& args);
+namespace cpu_avx512 {
+MOAT_CPU_K3_DECLS
+}
+namespace cpu_avx2 {
+MOAT_CPU_K3_DECLS
+}
+#undef MOAT_CPU_K3_DECLS
+
 }  // namespace moat::ops

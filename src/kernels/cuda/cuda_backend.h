@@ -44,7 +44,8 @@ void add_scaled(float* y, const float* x, float alpha, int64_t n);
 void store_latent(const StoreLatentArgs& args);
 void mla_attention(const MlaAttentionArgs& args);
 void moe_route(const MoeRouteArgs& args);
-// Composite ops: they run the InnerOps they are given (the cuda op table's matmul, silu_mul).
+// Composite ops: they run the InnerOps they are given (the cuda op table's matmul, silu_mul, and
+// situ_mul for MoeExpertsArgs::activation == situ).
 // moe_experts reads topk_ids back to the host to group rows by expert (one synchronization per
 // MoE layer); head_matmul gathers each head's strided rows with 2D copies around cuBLAS.
 void moe_experts(const MoeExpertsArgs& args, const InnerOps& inner);
@@ -60,6 +61,11 @@ void argmax(const float* x, int64_t T, int64_t n, int32_t* out);
 // `kernel` runs on pad_to heads, and the first `heads` of each token's output are copied back
 // (OpTable::mla_attention calls this when the resolution is PadHeads on cuda).
 void mla_attention_pad_heads(const MlaAttentionArgs& args, int64_t pad_to, MlaAttentionFn kernel);
+
+// Kimi K3's ops (k3_kernels.cu). attn_res_mix: args.rows is a host array of device pointers.
+void situ_mul(const float* gate, const float* up, int64_t T, int64_t n, float beta, float linear_beta, float* y);
+void sigmoid_mul(const float* x, const float* gate, int64_t n, float* y);
+void attn_res_mix(const AttnResMixArgs& args);
 
 // Limits the kernels declare in their constraints (cuda_registry.cpp).
 constexpr int64_t kMaxHeadDim = 1152;  // mla_attention: per-lane accumulators, 36 per lane

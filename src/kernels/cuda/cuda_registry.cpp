@@ -41,6 +41,10 @@ void register_cuda_kernels(Registry& r) {
   add(OpId::sample_from_probs, "cuda.sample_from_probs", fn(&cuda::sample_from_probs));
   add(OpId::argmax, "cuda.argmax", fn(&cuda::argmax));
   register_cuda_kda_kernels(r);
+  // Kimi K3 (k3_kernels.cu)
+  add(OpId::situ_mul, "cuda.situ_mul", fn(&cuda::situ_mul));
+  add(OpId::sigmoid_mul, "cuda.sigmoid_mul", fn(&cuda::sigmoid_mul));
+  add(OpId::attn_res_mix, "cuda.attn_res_mix", fn(&cuda::attn_res_mix));
 }
 
 }  // namespace moat::ops

@@ -748,6 +748,10 @@ void argmax(const float* x, int64_t T, int64_t n, int32_t* out) {
 void moe_experts(const MoeExpertsArgs& a, const InnerOps& inner) {
   const int64_t T = a.num_tokens, H = a.hidden, K = a.top_k, E = a.num_experts, I = a.intermediate, R = T * K;
   if (R == 0) return;
+  if (a.activation == GatedActivation::situ && inner.situ_mul == nullptr) {
+    std::fprintf(stderr, "cuda.moe_experts: the SiTU activation needs InnerOps::situ_mul (ModelOpNeeds::k3_ops)\n");
+    std::abort();
+  }
   // Group rows by expert on the host (counting sort of the ids read back), so each expert runs
   // one matmul over all its rows.
   std::vector<int32_t> ids(static_cast<size_t>(R)), row_of(static_cast<size_t>(R));
@@ -778,7 +782,10 @@ void moe_experts(const MoeExpertsArgs& a, const InnerOps& inner) {
     const MlpWeights& w = a.experts[e];
     inner_matmul(inner, w.gate_proj.dtype)(in + row0 * H, rows, w.gate_proj, gate + row0 * I, inner.precision);
     inner_matmul(inner, w.up_proj.dtype)(in + row0 * H, rows, w.up_proj, up + row0 * I, inner.precision);
-    inner.silu_mul(gate + row0 * I, up + row0 * I, rows, I, gate + row0 * I);
+    if (a.activation == GatedActivation::situ)  // Kimi K3 (k3_kernels.cu)
+      inner.situ_mul(gate + row0 * I, up + row0 * I, rows, I, a.situ_beta, a.situ_linear_beta, gate + row0 * I);
+    else
+      inner.silu_mul(gate + row0 * I, up + row0 * I, rows, I, gate + row0 * I);
     inner_matmul(inner, w.down_proj.dtype)(gate + row0 * I, rows, w.down_proj, out + row0 * H, inner.precision);
   }
   moe_combine_kernel<<<static_cast<unsigned>(T), kBlock>>>(out, d_row_of, a.topk_weights, K, H, a.out);

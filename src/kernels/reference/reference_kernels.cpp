@@ -308,7 +308,12 @@ void moe_experts_ref(const MoeExpertsArgs& a, const InnerOps&) {
           g += static_cast<double>(xt[j]) * w.gate_proj.at(i, j);
           u += static_cast<double>(xt[j]) * w.up_proj.at(i, j);
         }
-        act[i] = g / (1.0 + std::exp(-g)) * u;
+        if (a.activation == GatedActivation::situ) {  // Kimi K3's SiTU
+          const double b = a.situ_beta, lb = a.situ_linear_beta;
+          act[i] = b * std::tanh(g / b) / (1.0 + std::exp(-g)) * (lb * std::tanh(u / lb));
+        } else {
+          act[i] = g / (1.0 + std::exp(-g)) * u;
+        }
       }
       const double weight = a.topk_weights[t * a.top_k + k];
       for (int64_t j = 0; j < H; ++j) {
@@ -347,6 +352,7 @@ void argmax_ref(const float* x, int64_t T, int64_t n, int32_t* out) {
 }  // namespace
 
 void register_reference_kda_kernels(Registry& registry);  // kda_reference.cpp
+void register_reference_k3_kernels(Registry& r);  // k3_reference_kernels.cpp
 
 void register_reference_kernels(Registry& r) {
   auto add = [&](OpId op, const char* name, void* fn, Constraints c = {}) {
@@ -374,6 +380,8 @@ void register_reference_kernels(Registry& r) {
   add(OpId::sample_from_probs, "reference.sample_from_probs", reinterpret_cast<void*>(&sample_from_probs_ref));
   add(OpId::argmax, "reference.argmax", reinterpret_cast<void*>(&argmax_ref));
   register_reference_kda_kernels(r);
+  // Kimi K3: situ_mul, sigmoid_mul, attn_res_mix
+  register_reference_k3_kernels(r);
 }
 
 }  // namespace moat::ops
