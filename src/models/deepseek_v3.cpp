@@ -56,6 +56,7 @@ Status DeepseekModel::load_weights() {
       L.dense_mlp.emplace();
     }
   }
+  num_mla_layers_ = mla_layers;
   bound_.assign(spec_.tensors.size(), nullptr);
   for (size_t i = 0; i < spec_.tensors.size(); ++i) {
     const TensorSpec& t = spec_.tensors[i];
@@ -312,9 +313,9 @@ void DeepseekModel::forward(const ForwardBatch& batch, PagedLatentCache& cache, 
              "batch arrays disagree in length");
   MOAT_CHECK(batch.block_size == cache.block_size(), "batch block size {} but the cache's is {}", batch.block_size,
              cache.block_size());
-  MOAT_CHECK(cache.shape().num_layers == c.num_mla_layers() && cache.shape().dim == c.kv_cache_dim(),
+  MOAT_CHECK(cache.shape().num_layers == num_mla_layers_ && cache.shape().dim == c.kv_cache_dim(),
              "cache shaped for {} layers x {} values, model has {} x {}", cache.shape().num_layers,
-             cache.shape().dim, c.num_mla_layers(), c.kv_cache_dim());
+             cache.shape().dim, num_mla_layers_, c.kv_cache_dim());
   if (state_bytes_per_request() > 0) {
     MOAT_CHECK(extras.states != nullptr && extras.states->bytes_per_slot() == state_bytes_per_request(),
                "this model keeps {} bytes of recurrent state per request: pass its StateSlotPool", state_bytes_per_request());

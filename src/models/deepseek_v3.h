@@ -145,7 +145,7 @@ class DeepseekModel {
   int64_t state_bytes_per_request() const { return config_.state_bytes_per_request(); }
   // The latent cache holds the MLA layers only (KDA layers keep state instead).
   LatentCacheShape cache_shape() const {
-    return {config_.num_mla_layers(), config_.kv_cache_dim(), options_.kv_dtype};
+    return {num_mla_layers_, config_.kv_cache_dim(), options_.kv_dtype};
   }
   // A cache for one sequence of up to `capacity` tokens (score, tests, benchmarks), with its
   // state slot when the model keeps state.
@@ -225,6 +225,7 @@ class DeepseekModel {
   // KDA workspace: q, k, v after projection and after the conv [T, width] each, gate and output
   Buffer kda_proj_, kda_q_, kda_k_, kda_v_, kda_low_, kda_g_, kda_beta_, kda_out_, kda_gate_out_;
   std::vector<int64_t> kda_layer_index_;  // [layers] index among the KDA layers, -1 for MLA
+  int64_t num_mla_layers_ = 0;            // layers with a latent cache (an MTP head: its one layer)
 };
 
 }  // namespace moat

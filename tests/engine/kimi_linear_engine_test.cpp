@@ -29,7 +29,7 @@ class KimiLinearEngineTest : public ::testing::Test {
   static void TearDownTestSuite() { delete model_; }
 
   static std::unique_ptr<Engine> engine(EngineConfig c) {
-    c.max_model_len = 128;
+    if (c.max_model_len == 0) c.max_model_len = 128;
     if (c.kv_memory_bytes == 0) c.kv_memory_bytes = 8 << 20;
     auto e = Engine::create(*model_, c, nullptr);
     EXPECT_TRUE(e.ok()) << e.error().message;
@@ -72,10 +72,10 @@ TEST_F(KimiLinearEngineTest, BatchedChunkedAndPreemptedRequestsGenerateWhatEachG
   for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(done[ids[i]].tokens, alone[i]) << "request " << i;
   EXPECT_EQ(e->scheduler().state_pool().num_free(), e->scheduler().state_pool().num_slots());
 
-  // Room for 48 tokens of MLA cache: requests are preempted (their state slot given back) and
-  // recomputed from scratch.
+  // Room for 64 tokens of MLA cache, for requests needing 13 to 49: they are preempted (their
+  // state slot given back) and recomputed from scratch.
   const int64_t per_token = model_->cache_shape().bytes_per_token();
-  auto tight = engine({.block_size = 4, .kv_memory_bytes = 48 * per_token});
+  auto tight = engine({.block_size = 4, .kv_memory_bytes = 64 * per_token, .max_model_len = 64});
   ids.clear();
   for (const auto& p : prompts()) ids.push_back(*tight->add_request(greedy(p, 10)));
   done = testing::run_to_completion(*tight);

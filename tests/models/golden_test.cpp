@@ -132,7 +132,8 @@ TEST_P(GoldenTest, DecodeOverLatentCacheMatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     Fixtures, GoldenTest,
-    ::testing::Combine(::testing::Values("tiny_qlora", "tiny_v2lite", "tiny_fp8", "tiny_kimi_linear", "k3_nano", "k3_nano_draft"),
+    ::testing::Combine(::testing::Values("tiny_qlora", "tiny_v2lite", "tiny_fp8", "tiny_kimi_linear", "tiny_k3", "k3_nano",
+                                         "k3_nano_draft"),
                        ::testing::Values(ops::Backend::reference, ops::Backend::cpu)),
     [](const auto& info) {
       return std::get<0>(info.param) + "_" + std::string(ops::backend_name(std::get<1>(info.param)));
