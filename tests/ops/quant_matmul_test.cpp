@@ -3,9 +3,10 @@
 //    decoded by tools/make_quant_fixture.py with numpy from the published format descriptions
 //    (compressed-tensors MXFP4 and INT4, gpt-oss blocks), e8m0 edge scales 0, 1, 126, 127, 128 and
 //    254 included;
-//  - parity of every host matmul kernel with the reference over shapes: T = 1..5, 16, 64; in = 32,
-//    96, 160 (ragged 128-blocks), 2080 (column blocks past 2048), 3584 (Kimi K3's latent width);
-//    out not a multiple of 16; exact and default precision;
+//  - parity of every host matmul kernel with the reference over shapes: T = 1..5 and 16 (on
+//    cpu.matmul_avx512bf16, the register-decoding tiles), 17 and 64 (its dequantized panels); in =
+//    32, 96, 160 (ragged 128-blocks), 2080 (column blocks past 2048), 3584 (Kimi K3's latent
+//    width); out not a multiple of 16; exact and default precision;
 //  - moe_experts with MXFP4 and INT4 experts through the cpu op table against the reference;
 //  - the cuda kernel against the reference where a device exists (reported as skipped otherwise).
 // Tolerances (normalized error, max|out - ref| / max|ref|): 1e-5 for fp32-accurate kernels (the
@@ -238,7 +239,7 @@ TEST(QuantMatmul, EveryHostKernelMatchesReference) {
     ASSERT_GE(kernels.size(), 2u) << "reference and at least one cpu kernel";
     for (const Shape& s : shapes) {
       const Q4Weight q = make_q4(dtype, s.N, s.K, rng);
-      for (int64_t T : {1, 2, 3, 4, 5, 16, 64}) {
+      for (int64_t T : {1, 2, 3, 4, 5, 16, 17, 64}) {
         const auto x = randn(static_cast<size_t>(T * s.K), rng);
         std::vector<float> ref(static_cast<size_t>(T * s.N));
         fn_of<MatmulFn>(kernels[0])(x.data(), T, q.w, ref.data(), MatmulPrecision::exact());
