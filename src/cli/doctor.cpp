@@ -91,14 +91,25 @@ int run_doctor(const DoctorArgs& a) {
   fmt::print("model {} ({}), backend {}, tp {}: {} heads per rank, attention head dim {}, {} experts (top {})\n", dir,
              config->architecture, a.backend, a.tp, needs->heads_per_rank, needs->attention_head_dim,
              needs->num_experts, needs->top_k);
-  int64_t params = 0, dense = 0, moe = 0;
+  int64_t params = 0, dense = 0, moe = 0, kda = 0;
   for (const TensorSpec& t : spec->tensors) params += t.numel();
-  for (const LayerSpec& l : spec->layers) ++(l.ffn == FfnKind::moe ? moe : dense);
-  fmt::print("weights: {} tensors, {:.1f}M parameters; {} MLA layers: {} dense MLP, {} MoE{}\n", spec->tensors.size(),
-             static_cast<double>(params) / 1e6, spec->layers.size(), dense, moe,
+  for (const LayerSpec& l : spec->layers) {
+    ++(l.ffn == FfnKind::moe ? moe : dense);
+    kda += l.attention == AttentionKind::kda;
+  }
+  const int64_t mla = static_cast<int64_t>(spec->layers.size()) - kda;
+  const std::string kinds = kda == 0 ? fmt::format("{} MLA layers", mla)
+                                     : fmt::format("{} layers ({} KDA, {} MLA)", spec->layers.size(), kda, mla);
+  fmt::print("weights: {} tensors, {:.1f}M parameters; {}: {} dense MLP, {} MoE{}\n", spec->tensors.size(),
+             static_cast<double>(params) / 1e6, kinds, dense, moe,
              config->num_nextn_predict_layers > 0
                  ? fmt::format(" ({} MTP layers in the checkpoint: the proposer of --speculative mtp)", config->num_nextn_predict_layers)
                  : "");
+  if (kda > 0)
+    fmt::print("KDA: {} heads per rank, head dim {}; recurrent state {} bytes per request per rank (split by head), "
+               "beside {} bytes of MLA latent per token\n",
+               needs->kda_heads_per_rank, needs->kda_head_dim, config->state_bytes_per_request() / a.tp,
+               mla * config->kv_cache_dim() * static_cast<int64_t>(dtype_size(*kv)));
   fmt::print("backend {}: {}\n\n", a.backend, ops::backend_hardware_status(*backend));
   int unsupported = 0;
   for (const ops::ResolvedOp& r : ops::OpTable::plan(*backend, *needs)) {

@@ -241,6 +241,7 @@ std::string with_commas(int64_t v) {
 
 std::string bytes_text(double b) {
   if (b >= 1e12) return fmt::format("{:.2f} TB", b / 1e12);
+  if (b < 1e9) return fmt::format("{:.1f} MB", b / 1e6);  // a hybrid's per-request state (Kimi Linear: 44.9 MB)
   return fmt::format("{:.1f} GB", b / 1e9);
 }
 

@@ -62,7 +62,13 @@ TEST(Catalog, KimiK3WeightsAreAboutOnePointFiveTerabytesAtMxfp4) {
   ModelSize k3 = catalog_model("Kimi K3");
   EXPECT_EQ(k3.default_precision, Precision::mxfp4);
   EXPECT_EQ(k3.num_attention_heads, 96);
-  EXPECT_DOUBLE_EQ(k3.total_params, 2.8e12);
+  // Sized from its architecture (93 layers, 896 latent experts of 3584 -> 3072): the published 2.8T
+  // and the ~104B active of a third-party reading (../shared/K3.md) come out of the spec.
+  EXPECT_NEAR(k3.total_params / 2.8e12, 1.0, 0.01);
+  EXPECT_NEAR(k3.active_params / 104e9, 1.0, 0.03);
+  EXPECT_EQ(k3.kv_layers, 24);
+  // 69 KDA layers x (96 heads x 128 x 128 fp32 state + q, k, v conv inputs 3 x 3 x 12288) x 4 bytes
+  EXPECT_DOUBLE_EQ(k3.state_bytes_per_request, 69.0 * (96 * 128 * 128 + 3 * 3 * 12288) * 4);
   const double w = k3.weight_bytes[static_cast<int>(Precision::mxfp4)];
   EXPECT_GT(w, 1.45e12);
   EXPECT_LT(w, 1.55e12);
@@ -190,6 +196,18 @@ TEST(ModelSize, DeepSeekV3CatalogEntryMatchesItsConfig) {
   ModelSize k2 = catalog_model("Kimi K2");
   EXPECT_NEAR(k2.total_params / 1e12, 1.0, 0.05);
   EXPECT_NEAR(k2.active_params / 32e9, 1.0, 0.05);
+}
+
+// Kimi Linear is sized from its config like any HF directory: the latent cache holds its 7 MLA
+// layers, and each request keeps 20 KDA layers' conv inputs and fp32 state.
+TEST(ModelSize, KimiLinearCatalogEntryCountsMlaLayersAndState) {
+  ModelSize kl = catalog_model("kimi-linear");
+  EXPECT_NEAR(kl.total_params / 49e9, 1.0, 0.02);
+  EXPECT_NEAR(kl.active_params / 3e9, 1.0, 0.2);
+  EXPECT_EQ(kl.kv_layers, 7);
+  EXPECT_DOUBLE_EQ(kl.kv_bytes_per_token_per_gpu(1, 2), 7 * 576 * 2);
+  EXPECT_DOUBLE_EQ(kl.state_bytes_per_request, 20.0 * (3 * 3 * 4096 + 32 * 128 * 128) * 4);
+  EXPECT_TRUE(kl.state_split_by_tp);
 }
 
 TEST(ModelSize, QuantizedMatrixBytes) {
