@@ -207,6 +207,9 @@ struct ShortConvArgs {
   const int32_t* seq_len;                 // [S]
   float* const* states;                   // [S] each [W-1, C] fp32, updated in place
   float* y;  int64_t y_stride;            // [T, C]; must not alias x
+  // Speculative verification: when set, step_states[s] [seq_len, W-1, C] receives the state after
+  // each token of sequence s, so the state at an accepted position can be restored.
+  float* const* step_states = nullptr;
 };
 using ShortConvFn = void (*)(const ShortConvArgs& args);
 
@@ -243,6 +246,9 @@ struct KdaArgs {
   const int32_t* seq_len;                 // [S]
   float* const* states;                   // [S] each [H, K, V] fp32, updated in place
   float* out;                             // [T, H, V] contiguous
+  // Speculative verification (kda_recurrent only): when set, step_states[s] [seq_len, H, K, V]
+  // receives the state after each token of sequence s.
+  float* const* step_states = nullptr;
 };
 using KdaFn = void (*)(const KdaArgs& args);
 
