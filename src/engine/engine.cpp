@@ -62,12 +62,6 @@ Result<std::unique_ptr<Engine>> Engine::create(DeepseekModel& model, const Engin
 
   std::unique_ptr<Proposer> proposer;
   if (const SpeculativeConfig& sp = c.speculative; sp.enabled()) {
-    // Verification runs k + 1 tokens through the target and keeps a prefix of them; the KDA
-    // layers' state would have to roll back to the accepted position, which moat does not do yet.
-    if (model.state_bytes_per_request() > 0)
-      return make_error("--speculative is not supported yet for models with recurrent state ({}: Kimi Delta "
-                        "Attention layers); run without it",
-                        model.config().architecture);
     if (sp.num_tokens < 1 || sp.num_tokens > 64)
       return make_error("--num-speculative-tokens must be in [1, 64], got {}", sp.num_tokens);
     if (sp.method == "ngram") {
@@ -288,8 +282,13 @@ std::vector<RequestOutput> Engine::step() {
     logits_.resize(static_cast<size_t>(R * V));
     const bool wants_hidden = proposer_ && proposer_->wants_target_hidden();
     if (wants_hidden) hidden_.resize(static_cast<size_t>(batch.num_tokens() * model_.config().hidden_size));
+    // A hybrid model (KDA layers) keeps the state after each verified token, so a request whose
+    // guesses were rejected is put back at its accepted position below.
+    const bool rewinds = proposer_ && model_.state_bytes_per_request() > 0;
     model_.forward(batch, *cache_, logits_.data(), nullptr,
-                   {.final_hidden = wants_hidden ? hidden_.data() : nullptr, .states = &scheduler_->state_pool()});
+                   {.final_hidden = wants_hidden ? hidden_.data() : nullptr,
+                    .states = &scheduler_->state_pool(),
+                    .keep_step_states = rewinds});
 
     std::vector<const ScheduledChunk*> sampling;
     for (const ScheduledChunk& c : scheduled.chunks) {
@@ -300,6 +299,17 @@ std::vector<RequestOutput> Engine::step() {
     std::vector<std::vector<int32_t>> emitted;
     std::vector<std::vector<SampledToken>> logprobs;
     sample_and_verify(sampling, emitted, logprobs);
+    if (rewinds) {
+      // A verification chunk ends in [last token, k guesses]; the state must stand after the last
+      // token and the accepted guesses (emitted = accepted + 1 tokens), not after all k + 1.
+      for (size_t i = 0; i < sampling.size(); ++i) {
+        const ScheduledChunk& c = *sampling[i];
+        const int64_t kept = c.num_tokens - c.num_spec - 1 + static_cast<int64_t>(emitted[i].size());
+        if (c.num_spec > 0 && kept < c.num_tokens)
+          model_.rewind_state(static_cast<int32_t>(&c - scheduled.chunks.data()), kept, scheduler_->state_pool(),
+                              c.request->state_slot);
+      }
+    }
     std::vector<size_t> before(sampling.size());
     for (size_t i = 0; i < sampling.size(); ++i) before[i] = sampling[i]->request->output.size();
     scheduler_->update(scheduled, emitted);

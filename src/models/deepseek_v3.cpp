@@ -334,6 +334,23 @@ void DeepseekModel::forward(const ForwardBatch& batch, PagedLatentCache& cache, 
     MOAT_CHECK(batch.slot_mapping[t] >= 0 && batch.slot_mapping[t] < slots, "slot {} outside the cache's {}",
                batch.slot_mapping[t], slots);
   }
+  // Speculative verification of a hybrid model: room for the state after every token of each
+  // short sequence (rewind_state copies one of them back).
+  const int32_t S = batch.num_sequences();
+  kda_step_base_.assign(static_cast<size_t>(S), -1);
+  kda_step_len_.assign(static_cast<size_t>(S), 0);
+  if (extras.keep_step_states && state_bytes_per_request() > 0) {
+    const int64_t per_token = c.num_kda_layers() * c.kda_state_floats_per_layer();
+    int64_t total = 0;
+    for (int32_t s = 0; s < S; ++s) {
+      const int32_t len = batch.query_start[s + 1] - batch.query_start[s];
+      if (len <= 0 || len > kMaxStepTokens) continue;
+      kda_step_base_[s] = total;
+      kda_step_len_[s] = len;
+      total += len * per_token;
+    }
+    if (static_cast<int64_t>(kda_steps_.size()) < total) kda_steps_.resize(static_cast<size_t>(total));
+  }
   // Every kernel of this step splits over this model's pool, whatever another model in the
   // process uses.
   ScopedThreadPool pool_scope(*pool_);

@@ -95,6 +95,9 @@ struct ForwardExtras {
   // Models with recurrent state (state_bytes_per_request() > 0): the pool that holds the slots
   // named by ForwardBatch::state_slots; each slot's state is read and advanced in place.
   StateSlotPool* states = nullptr;
+  // Speculative verification: keep the state after every token of each short sequence (up to
+  // kMaxStepTokens), so rewind_state can put a request back at its accepted position.
+  bool keep_step_states = false;
 };
 
 class DeepseekModel {
@@ -147,6 +150,11 @@ class DeepseekModel {
   LatentCacheShape cache_shape() const {
     return {num_mla_layers_, config_.kv_cache_dim(), options_.kv_dtype};
   }
+  // After a forward with keep_step_states: sets the state slot of the batch's sequence `seq` to its
+  // state after its first `kept_tokens` tokens of that step (1 <= kept_tokens <= its length), as
+  // if only those had run. Speculative decoding calls it when guesses were rejected.
+  static constexpr int64_t kMaxStepTokens = 65;
+  void rewind_state(int32_t seq, int64_t kept_tokens, StateSlotPool& states, int32_t slot) const;
   // A cache for one sequence of up to `capacity` tokens (score, tests, benchmarks), with its
   // state slot when the model keeps state.
   SequenceCache new_sequence_cache(int64_t capacity, int32_t block_size = 64) const {
@@ -226,6 +234,12 @@ class DeepseekModel {
   Buffer kda_proj_, kda_q_, kda_k_, kda_v_, kda_low_, kda_g_, kda_beta_, kda_out_, kda_gate_out_;
   std::vector<int64_t> kda_layer_index_;  // [layers] index among the KDA layers, -1 for MLA
   int64_t num_mla_layers_ = 0;            // layers with a latent cache (an MTP head: its one layer)
+  // keep_step_states: per sequence of the last step, where its step states start in kda_steps_
+  // (-1: none kept) and its length; per KDA layer and sequence, [len] conv states of q, k, v
+  // ([conv - 1, width] each) then [len] recurrent states [heads, K, V].
+  Buffer kda_steps_;
+  std::vector<int64_t> kda_step_base_;
+  std::vector<int32_t> kda_step_len_;
 };
 
 }  // namespace moat

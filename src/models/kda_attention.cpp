@@ -28,33 +28,54 @@ void DeepseekModel::kda_attention(const KdaWeights& w, int64_t kda_index, const 
   const LinearAttentionConfig& la = *c.linear_attn;
   const int64_t T = batch.num_tokens(), S = batch.num_sequences();
   const int64_t heads = la.num_heads, K = la.head_dim, width = heads * K, conv = la.short_conv_kernel_size;
-  const int64_t conv_floats = (conv - 1) * width;
+  const int64_t conv_floats = (conv - 1) * width, per_layer = c.kda_state_floats_per_layer();
 
-  // Per sequence: its tokens and this layer's part of its state slot.
-  std::vector<int32_t> seq_start(static_cast<size_t>(S)), seq_len(static_cast<size_t>(S));
-  std::vector<float*> conv_q(static_cast<size_t>(S)), conv_k(static_cast<size_t>(S)), conv_v(static_cast<size_t>(S)),
-      recurrent(static_cast<size_t>(S));
+  // Sequences in three groups, each one op call: kept step states (speculative verification:
+  // recurrent, every token's state saved), long segments (prefill chunks: chunked), the rest
+  // (decode tokens: recurrent).
+  enum Group { stepped, chunked, recurrent_only };
+  struct Seqs {
+    std::vector<int32_t> start, len;
+    std::vector<float*> conv_q, conv_k, conv_v, state;
+    std::vector<float*> step_q, step_k, step_v, step_state;  // stepped only
+  };
+  Seqs groups[3];
   for (int64_t s = 0; s < S; ++s) {
-    seq_start[s] = batch.query_start[s];
-    seq_len[s] = batch.query_start[s + 1] - batch.query_start[s];
-    float* base = reinterpret_cast<float*>(states.data(batch.state_slots[s])) + kda_index * c.kda_state_floats_per_layer();
-    conv_q[s] = base;
-    conv_k[s] = base + conv_floats;
-    conv_v[s] = base + 2 * conv_floats;
-    recurrent[s] = base + 3 * conv_floats;
+    const int32_t len = batch.query_start[s + 1] - batch.query_start[s];
+    if (len <= 0) continue;
+    const bool keeps_steps = kda_step_base_[s] >= 0;
+    Seqs& g = groups[keeps_steps ? stepped : len >= kKdaChunkedMinTokens ? chunked : recurrent_only];
+    float* base = reinterpret_cast<float*>(states.data(batch.state_slots[s])) + kda_index * per_layer;
+    g.start.push_back(batch.query_start[s]);
+    g.len.push_back(len);
+    g.conv_q.push_back(base);
+    g.conv_k.push_back(base + conv_floats);
+    g.conv_v.push_back(base + 2 * conv_floats);
+    g.state.push_back(base + 3 * conv_floats);
+    if (keeps_steps) {
+      float* steps = kda_steps_.data() + kda_step_base_[s] + kda_index * len * per_layer;
+      g.step_q.push_back(steps);
+      g.step_k.push_back(steps + len * conv_floats);
+      g.step_v.push_back(steps + 2 * len * conv_floats);
+      g.step_state.push_back(steps + 3 * len * conv_floats);
+    }
   }
 
   // q, k, v: projection then the causal conv + SiLU, each with its own conv state  [T, width]
-  auto project_conv = [&](const WeightMatrix& proj, const std::vector<float>& conv_w, std::vector<float*>& conv_state,
-                          float* y) {
+  auto project_conv = [&](const WeightMatrix& proj, const std::vector<float>& conv_w,
+                          std::vector<float*> Seqs::*conv_state, std::vector<float*> Seqs::*step, float* y) {
     ops_.matmul(x, T, proj, kda_proj_.data());
-    ops_.short_conv({.x = kda_proj_.data(), .x_stride = width, .num_tokens = T, .channels = width, .width = conv,
-                     .weight = conv_w.data(), .num_seqs = S, .seq_start = seq_start.data(), .seq_len = seq_len.data(),
-                     .states = conv_state.data(), .y = y, .y_stride = width});
+    for (Seqs& g : groups) {
+      if (g.start.empty()) continue;
+      ops_.short_conv({.x = kda_proj_.data(), .x_stride = width, .num_tokens = T, .channels = width, .width = conv,
+                       .weight = conv_w.data(), .num_seqs = static_cast<int64_t>(g.start.size()),
+                       .seq_start = g.start.data(), .seq_len = g.len.data(), .states = (g.*conv_state).data(),
+                       .y = y, .y_stride = width, .step_states = (g.*step).empty() ? nullptr : (g.*step).data()});
+    }
   };
-  project_conv(w.q_proj, w.q_conv, conv_q, kda_q_.data());
-  project_conv(w.k_proj, w.k_conv, conv_k, kda_k_.data());
-  project_conv(w.v_proj, w.v_conv, conv_v, kda_v_.data());
+  project_conv(w.q_proj, w.q_conv, &Seqs::conv_q, &Seqs::step_q, kda_q_.data());
+  project_conv(w.k_proj, w.k_conv, &Seqs::conv_k, &Seqs::step_k, kda_k_.data());
+  project_conv(w.v_proj, w.v_conv, &Seqs::conv_v, &Seqs::step_v, kda_v_.data());
 
   // Decay g [T, width] and beta logits [T, heads]
   ops_.matmul(x, T, w.f_a_proj, kda_low_.data());
@@ -64,23 +85,16 @@ void DeepseekModel::kda_attention(const KdaWeights& w, int64_t kda_index, const 
                  .g = kda_g_.data()});
   ops_.matmul(x, T, w.b_proj, kda_beta_.data());
 
-  // The recurrence: long segments (prefill chunks) through the chunked kernel, the rest stepwise.
-  for (const bool chunked : {true, false}) {
-    std::vector<int32_t> start, len;
-    std::vector<float*> state;
-    for (int64_t s = 0; s < S; ++s)
-      if ((seq_len[s] >= kKdaChunkedMinTokens) == chunked && seq_len[s] > 0) {
-        start.push_back(seq_start[s]);
-        len.push_back(seq_len[s]);
-        state.push_back(recurrent[s]);
-      }
-    if (start.empty()) continue;
+  for (int group : {stepped, chunked, recurrent_only}) {
+    Seqs& g = groups[group];
+    if (g.start.empty()) continue;
     const ops::KdaArgs args{.q = kda_q_.data(), .k = kda_k_.data(), .qk_stride = width, .v = kda_v_.data(),
                             .v_stride = width, .g = kda_g_.data(), .beta = kda_beta_.data(), .num_tokens = T,
                             .num_heads = heads, .head_k = K, .head_v = K,
-                            .num_seqs = static_cast<int64_t>(start.size()), .seq_start = start.data(),
-                            .seq_len = len.data(), .states = state.data(), .out = kda_out_.data()};
-    if (chunked) ops_.kda_chunked(args); else ops_.kda_recurrent(args);
+                            .num_seqs = static_cast<int64_t>(g.start.size()), .seq_start = g.start.data(),
+                            .seq_len = g.len.data(), .states = g.state.data(), .out = kda_out_.data(),
+                            .step_states = group == stepped ? g.step_state.data() : nullptr};
+    if (group == chunked) ops_.kda_chunked(args); else ops_.kda_recurrent(args);
   }
 
   // Output gate (K3: full rank), per-head norm, projection
@@ -97,6 +111,29 @@ void DeepseekModel::kda_attention(const KdaWeights& w, int64_t kda_index, const 
   ops_.gated_rms_norm({.x = kda_out_.data(), .gate = kda_gate_out_.data(), .weight = w.o_norm.data(), .num_tokens = T,
                        .num_heads = heads, .head_dim = K, .eps = kOutputNormEps, .y = kda_out_.data()});
   ops_.matmul(kda_out_.data(), T, w.o_proj, out);
+}
+
+void DeepseekModel::rewind_state(int32_t seq, int64_t kept_tokens, StateSlotPool& states, int32_t slot) const {
+  const ModelConfig& c = config_;
+  MOAT_CHECK(seq >= 0 && seq < static_cast<int32_t>(kda_step_base_.size()) && kda_step_base_[seq] >= 0,
+             "sequence {} of the last step kept no step states (forward with keep_step_states, at most {} tokens)", seq,
+             kMaxStepTokens);
+  const int64_t len = kda_step_len_[seq];
+  MOAT_CHECK(kept_tokens >= 1 && kept_tokens <= len, "cannot keep {} of a sequence's {} tokens", kept_tokens, len);
+  const LinearAttentionConfig& la = *c.linear_attn;
+  const int64_t width = la.num_heads * la.head_dim, conv_floats = (la.short_conv_kernel_size - 1) * width;
+  const int64_t state_floats = la.num_heads * la.head_dim * la.head_dim, per_layer = c.kda_state_floats_per_layer();
+  float* slot_base = reinterpret_cast<float*>(states.data(slot));
+  const int64_t i = kept_tokens - 1;
+  // Host copies: the state pool and the step states are host memory (the CUDA backend keeps no
+  // model state yet).
+  for (int64_t layer = 0; layer < c.num_kda_layers(); ++layer) {
+    const float* steps = kda_steps_.data() + kda_step_base_[seq] + layer * len * per_layer;
+    float* dst = slot_base + layer * per_layer;
+    for (int part = 0; part < 3; ++part)  // conv inputs of q, k, v
+      std::copy_n(steps + part * len * conv_floats + i * conv_floats, conv_floats, dst + part * conv_floats);
+    std::copy_n(steps + 3 * len * conv_floats + i * state_floats, state_floats, dst + 3 * conv_floats);
+  }
 }
 
 }  // namespace moat

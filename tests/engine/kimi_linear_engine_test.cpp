@@ -1,11 +1,14 @@
 // The engine over the Kimi Linear hybrid (tests/golden/tiny_kimi_linear): batching, chunked
-// prefill and preemption change no token, while prefix caching and speculative decoding, which
-// would need the KDA state at an earlier position, are declined with the reason.
+// prefill, preemption and speculative decoding (the KDA state rewound past rejected guesses)
+// change no token; prefix caching, which would need the state at the prefix's end, is declined.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
+#include <map>
+
 #include "engine/engine.h"
+#include "spec/proposer.h"
 #include "run_engine.h"
 
 namespace moat {
@@ -96,15 +99,62 @@ TEST_F(KimiLinearEngineTest, NoPrefixHitsForAModelWithState) {
   EXPECT_EQ(second[b].last.cached_tokens, 0);
 }
 
-TEST_F(KimiLinearEngineTest, SpeculativeDecodingIsDeclinedWithTheReason) {
+// Speculative decoding over a hybrid: verification runs k + 1 tokens through the KDA layers, and
+// a rejected guess puts the request's state back at the accepted position (rewind_state). A
+// proposer wrong at every position in turn, and n-gram lookup, must leave greedy output unchanged.
+class WrongInTurnProposer final : public Proposer {
+ public:
+  WrongInTurnProposer(std::map<uint64_t, std::vector<int32_t>> truth, int32_t vocab) : truth_(std::move(truth)), vocab_(vocab) {}
+  std::string_view name() const override { return "wrong-in-turn"; }
+  void propose(std::span<const ProposeRequest> requests) override {
+    for (const ProposeRequest& pr : requests) {
+      Request& r = *pr.request;
+      const std::vector<int32_t>& t = truth_.at(r.id);
+      const size_t from = r.output.size();
+      const int32_t wrong_at = calls_++ % (pr.max_tokens + 1);  // max_tokens: all right
+      for (int32_t j = 0; j < pr.max_tokens && from + j < t.size(); ++j)
+        r.spec_tokens.push_back(j == wrong_at ? (t[from + j] + 1) % vocab_ : t[from + j]);
+    }
+  }
+  void release(uint64_t) override {}
+
+ private:
+  std::map<uint64_t, std::vector<int32_t>> truth_;
+  int32_t vocab_;
+  int32_t calls_ = 0;
+};
+
+TEST_F(KimiLinearEngineTest, SpeculativeDecodingRewindsTheStateOfRejectedGuesses) {
+  std::vector<std::vector<int32_t>> alone;
+  for (const auto& p : prompts()) {
+    auto e = engine({});
+    ASSERT_TRUE(e->add_request(greedy(p, 16)).ok());
+    alone.push_back(testing::run_to_completion(*e).begin()->second.tokens);
+  }
+  for (int32_t k : {1, 3, 6}) {
+    auto e = engine({.max_num_batched_tokens = 16});
+    std::vector<uint64_t> ids;
+    std::map<uint64_t, std::vector<int32_t>> truth;
+    for (size_t i = 0; i < alone.size(); ++i) {
+      ids.push_back(*e->add_request(greedy(prompts()[i], 16)));
+      truth[ids.back()] = alone[i];
+    }
+    e->set_proposer(std::make_unique<WrongInTurnProposer>(truth, static_cast<int32_t>(model_->config().vocab_size)), k);
+    auto done = testing::run_to_completion(*e);
+    for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(done[ids[i]].tokens, alone[i]) << "k " << k << " request " << i;
+    EXPECT_GT(e->stats().accepted_tokens, 0);
+    EXPECT_LT(e->stats().accepted_tokens, e->stats().draft_tokens) << "the script must have wrong guesses";
+  }
+  // n-gram lookup through the engine's own configuration
   EngineConfig c;
-  c.max_model_len = 128;
-  c.kv_memory_bytes = 8 << 20;
   c.speculative.method = "ngram";
-  c.speculative.num_tokens = 3;
-  auto e = Engine::create(*model_, c, nullptr);
-  ASSERT_FALSE(e.ok());
-  EXPECT_NE(e.error().message.find("recurrent state"), std::string::npos) << e.error().message;
+  c.speculative.num_tokens = 4;
+  c.speculative.ngram_min = 1;
+  auto e = engine(c);
+  std::vector<uint64_t> ids;
+  for (const auto& p : prompts()) ids.push_back(*e->add_request(greedy(p, 16)));
+  auto done = testing::run_to_completion(*e);
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(done[ids[i]].tokens, alone[i]) << "ngram request " << i;
 }
 
 }  // namespace
