@@ -247,7 +247,8 @@ struct KdaArgs {
   float* const* states;                   // [S] each [H, K, V] fp32, updated in place
   float* out;                             // [T, H, V] contiguous
   // Speculative verification (kda_recurrent only): when set, step_states[s] [seq_len, H, K, V]
-  // receives the state after each token of sequence s.
+  // receives the state after each token of sequence s. kda_chunked requires it null (the model
+  // asks for step states only through kda_recurrent) and fails loudly otherwise.
   float* const* step_states = nullptr;
 };
 using KdaFn = void (*)(const KdaArgs& args);

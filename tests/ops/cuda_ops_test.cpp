@@ -516,6 +516,111 @@ TEST_F(CudaOps, KdaRecurrentAndChunked) {
   }
 }
 
+// Step states (speculative verification): kda_recurrent and short_conv over sequences of lengths
+// 1..9 (and an empty one) in one call, against the reference kernels' step states; asking for
+// them changes neither the outputs nor the final states, and a sequence's last step state is its
+// final state.
+TEST_F(CudaOps, KdaStepStates) {
+  std::mt19937 rng(12);
+  const std::vector<int32_t> lens = {3, 1, 9, 5, 0, 2, 8, 4, 7, 6};
+  const int64_t S = static_cast<int64_t>(lens.size());
+  std::vector<int32_t> starts(S);
+  int64_t T = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    starts[s] = static_cast<int32_t>(T);
+    T += lens[s];
+  }
+  Dev<int32_t> dstarts(starts), dlens(lens);
+  auto step_buffers = [&](int64_t per_token) {  // [S][len, per_token], NaN until written
+    std::vector<std::vector<float>> out;
+    for (int32_t n : lens) out.emplace_back(static_cast<size_t>(n * per_token), NAN);
+    return out;
+  };
+  auto ptrs_of = [](std::vector<std::vector<float>>& v) {
+    std::vector<float*> p;
+    for (auto& e : v) p.push_back(e.data());
+    return p;
+  };
+  auto concat = [](const std::vector<std::vector<float>>& v) {
+    std::vector<float> out;
+    for (const auto& e : v) out.insert(out.end(), e.begin(), e.end());
+    return out;
+  };
+  // Each sequence's last step state against its final state, exactly.
+  auto last_steps_are_final = [&](const DevStates& steps, const DevStates& finals, int64_t per_token) {
+    for (int64_t s = 0; s < S; ++s) {
+      if (lens[s] == 0) continue;
+      const auto st = steps.each[s]->host(), fin = finals.each[s]->host();
+      if (!std::equal(fin.begin(), fin.end(), st.end() - per_token)) return false;
+    }
+    return true;
+  };
+
+  for (auto [H, K, V] : {std::tuple<int64_t, int64_t, int64_t>{4, 32, 40}, {12, 128, 128}}) {
+    const int64_t HKV = H * K * V;
+    const auto q = randn(T * H * K, rng), k = randn(T * H * K, rng), v = randn(T * H * V, rng),
+               beta = randn(T * H, rng, 2.0f);
+    std::vector<float> g(T * H * K);
+    std::normal_distribution<float> log_rate(-1.5f, 1.5f);
+    for (float& x : g) x = -std::min(40.0f, std::exp(log_rate(rng)));
+    std::vector<std::vector<float>> states;
+    for (int64_t s = 0; s < S; ++s) states.push_back(randn(HKV, rng, 0.3f));
+
+    auto ref_states = states, ref_steps = step_buffers(HKV);
+    auto ref_state_ptrs = ptrs_of(ref_states), ref_step_ptrs = ptrs_of(ref_steps);
+    std::vector<float> ref_out(T * H * V);
+    KdaArgs ra{q.data(), k.data(), H * K, v.data(), H * V, g.data(), beta.data(), T, H, K, V, S, starts.data(),
+               lens.data(), ref_state_ptrs.data(), ref_out.data()};
+    ra.step_states = ref_step_ptrs.data();
+    ref_fn<KdaFn>(OpId::kda_recurrent)(ra);
+
+    Dev<float> dq(q), dk(k), dv(v), dg(g), db(beta);
+    DevStates plain_states(states), with_states(states), dsteps(step_buffers(HKV));
+    Dev<float> plain_out(std::vector<float>(T * H * V, NAN)), with_out(std::vector<float>(T * H * V, NAN));
+    KdaArgs da{dq.p, dk.p, H * K, dv.p, H * V, dg.p, db.p, T, H, K, V, S, dstarts.p, dlens.p, plain_states.ptrs->p,
+               plain_out.p};
+    cuda_fn<KdaFn>(OpId::kda_recurrent)(da);
+    da.states = with_states.ptrs->p;
+    da.out = with_out.p;
+    da.step_states = dsteps.ptrs->p;
+    cuda_fn<KdaFn>(OpId::kda_recurrent)(da);
+    const std::string what = "kda_recurrent H=" + std::to_string(H) + " K=" + std::to_string(K);
+    EXPECT_TRUE(with_out.host() == plain_out.host()) << what << " outputs changed by step states";
+    EXPECT_TRUE(with_states.host() == plain_states.host()) << what << " final states changed by step states";
+    EXPECT_LE(normalized_error(dsteps.host(), concat(ref_steps)), kExact) << what << " step states";
+    EXPECT_LE(normalized_error(with_out.host(), ref_out), kExact) << what;
+    EXPECT_TRUE(last_steps_are_final(dsteps, with_states, HKV)) << what;
+  }
+
+  // short_conv: step states are copies of inputs, so exactly the reference's
+  const int64_t C = 389, W = 4, per_token = (W - 1) * C;
+  const auto x = randn(T * C, rng, 2.0f), w = randn(C * W, rng, 0.5f);
+  std::vector<std::vector<float>> states;
+  for (int64_t s = 0; s < S; ++s) states.push_back(randn(per_token, rng));
+  auto ref_states = states, ref_steps = step_buffers(per_token);
+  auto ref_state_ptrs = ptrs_of(ref_states), ref_step_ptrs = ptrs_of(ref_steps);
+  std::vector<float> ref_y(T * C);
+  ShortConvArgs ra{x.data(), C, T, C, W, w.data(), S, starts.data(), lens.data(), ref_state_ptrs.data(),
+                   ref_y.data(), C};
+  ra.step_states = ref_step_ptrs.data();
+  ref_fn<ShortConvFn>(OpId::short_conv)(ra);
+
+  Dev<float> dx(x), dw(w);
+  DevStates plain_states(states), with_states(states), dsteps(step_buffers(per_token));
+  Dev<float> plain_y(std::vector<float>(T * C, NAN)), with_y(std::vector<float>(T * C, NAN));
+  ShortConvArgs da{dx.p, C, T, C, W, dw.p, S, dstarts.p, dlens.p, plain_states.ptrs->p, plain_y.p, C};
+  cuda_fn<ShortConvFn>(OpId::short_conv)(da);
+  da.states = with_states.ptrs->p;
+  da.y = with_y.p;
+  da.step_states = dsteps.ptrs->p;
+  cuda_fn<ShortConvFn>(OpId::short_conv)(da);
+  EXPECT_TRUE(with_y.host() == plain_y.host()) << "short_conv outputs changed by step states";
+  EXPECT_TRUE(with_states.host() == plain_states.host()) << "short_conv final states changed by step states";
+  EXPECT_TRUE(dsteps.host() == concat(ref_steps)) << "short_conv step states";
+  EXPECT_LE(normalized_error(with_y.host(), ref_y), kExact) << "short_conv";
+  EXPECT_TRUE(last_steps_are_final(dsteps, with_states, per_token)) << "short_conv";
+}
+
 TEST_F(CudaOps, KdaShortConvGateAndGatedNorm) {
   std::mt19937 rng(10);
   // short_conv: three sequences in two calls (the second continues from the state)

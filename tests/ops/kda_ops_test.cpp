@@ -3,6 +3,8 @@
 // reference against independent double loops written here from the definitions, and kda_chunked
 // against kda_recurrent where a chunked form can go wrong: chunk boundaries, a sequence split over
 // several calls at arbitrary points, decay strong enough to overflow a naive exp(-G), no decay.
+// Step states (speculative verification: short_conv and kda_recurrent) against the final states of
+// the same ops run on each prefix alone.
 // Several sequences of different lengths run in every call, laid out in x in reverse order (so a
 // kernel must follow seq_start), with q/k and v rows padded (strides) and states that start random
 // (a sequence continuing from an earlier call) unless a test says otherwise.
@@ -126,7 +128,8 @@ KdaBatch make_batch(int64_t H, int64_t K, int64_t V, std::vector<int32_t> lens, 
 using KdaCall = std::function<void(const KdaArgs&)>;
 
 void run_kda(const KdaCall& fn, const KdaBatch& b, std::vector<std::vector<float>>& states,
-             const std::vector<int32_t>& from, const std::vector<int32_t>& count, std::vector<float>& out) {
+             const std::vector<int32_t>& from, const std::vector<int32_t>& count, std::vector<float>& out,
+             float* const* step_states = nullptr) {
   std::vector<int32_t> seq_start(b.lens.size());
   std::vector<float*> ptrs;
   for (size_t s = 0; s < b.lens.size(); ++s) {
@@ -136,7 +139,7 @@ void run_kda(const KdaCall& fn, const KdaBatch& b, std::vector<std::vector<float
   fn(KdaArgs{.q = b.q.data(), .k = b.k.data(), .qk_stride = b.qk_stride, .v = b.v.data(), .v_stride = b.v_stride,
              .g = b.g.data(), .beta = b.beta.data(), .num_tokens = b.T, .num_heads = b.H, .head_k = b.K,
              .head_v = b.V, .num_seqs = static_cast<int64_t>(b.lens.size()), .seq_start = seq_start.data(),
-             .seq_len = count.data(), .states = ptrs.data(), .out = out.data()});
+             .seq_len = count.data(), .states = ptrs.data(), .out = out.data(), .step_states = step_states});
 }
 
 struct KdaResult {
@@ -353,9 +356,9 @@ struct ConvResult {
 };
 
 // Tokens [from, from + count) of each sequence per call, `calls` of them in turn; count = 0
-// everywhere means one call with all tokens.
+// everywhere means one call with all tokens (the only use of step_states).
 ConvResult run_conv(const std::function<void(const ShortConvArgs&)>& fn, const ConvBatch& b,
-                    int64_t tokens_per_call = 0) {
+                    int64_t tokens_per_call = 0, float* const* step_states = nullptr) {
   ConvResult r{std::vector<float>(b.T * b.y_stride, NAN), {}};
   auto states = b.states;
   std::vector<float*> ptrs;
@@ -371,7 +374,7 @@ ConvResult run_conv(const std::function<void(const ShortConvArgs&)>& fn, const C
     fn(ShortConvArgs{.x = b.x.data(), .x_stride = b.x_stride, .num_tokens = b.T, .channels = b.C, .width = b.W,
                      .weight = b.weight.data(), .num_seqs = static_cast<int64_t>(b.lens.size()),
                      .seq_start = start.data(), .seq_len = count.data(), .states = ptrs.data(), .y = r.y.data(),
-                     .y_stride = b.y_stride});
+                     .y_stride = b.y_stride, .step_states = step_states});
   }
   r.state = concat(states);
   return r;
@@ -433,6 +436,135 @@ TEST(KdaShortConv, FreshStateIsZeroPadding) {
   for (const KernelEntry* k : host_kernels(OpId::short_conv, {})) {
     const ConvResult got = run_conv(fn_of<ShortConvFn>(k), b);
     EXPECT_LE(normalized_error(written(b, got.y), want), kExact) << k->name;
+  }
+}
+
+// ---- step states (speculative verification) ----------------------------------------------------
+// A hybrid model verifying a proposal asks short_conv and kda_recurrent for the state after each
+// token, to restore the one at the accepted position. Step state i of a sequence must be exactly
+// the final state of the op run on the sequence's first i + 1 tokens alone, and asking for step
+// states must change neither the outputs nor the final states.
+
+// Lengths 1..9 in one call (and an empty sequence, which gets no step states).
+const std::vector<int32_t> kStepLens = {3, 1, 9, 5, 0, 2, 8, 4, 7, 6};
+
+// Per-sequence step state buffers of `per_token` floats a token, NaN until written.
+struct StepBuffers {
+  std::vector<std::vector<float>> each;
+  std::vector<float*> ptrs;
+  StepBuffers(const std::vector<int32_t>& lens, int64_t per_token) {
+    for (int32_t n : lens) each.emplace_back(static_cast<size_t>(n * per_token), NAN);
+    for (auto& e : each) ptrs.push_back(e.data());
+  }
+};
+
+// Where n floats at got and want first differ, or "" when they are identical (NaN never is).
+std::string first_difference(const float* got, const float* want, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!(got[i] == want[i]))
+      return "element " + std::to_string(i) + ": " + std::to_string(got[i]) + " vs " + std::to_string(want[i]);
+  return "";
+}
+
+// The final state of sequence s after its first n tokens, run alone (one sequence, one call).
+std::vector<float> kda_prefix_state(const KdaCall& fn, const KdaBatch& b, size_t s, int32_t n) {
+  std::vector<float> state = b.states[s], out(b.T * b.H * b.V, NAN);
+  float* ptr = state.data();
+  const int32_t start = b.starts[s];
+  fn(KdaArgs{.q = b.q.data(), .k = b.k.data(), .qk_stride = b.qk_stride, .v = b.v.data(), .v_stride = b.v_stride,
+             .g = b.g.data(), .beta = b.beta.data(), .num_tokens = b.T, .num_heads = b.H, .head_k = b.K,
+             .head_v = b.V, .num_seqs = 1, .seq_start = &start, .seq_len = &n, .states = &ptr, .out = out.data()});
+  return state;
+}
+
+TEST(KdaRecurrent, StepStatesArePrefixFinalStates) {
+  std::mt19937 rng(32);
+  const KdaShape shapes[] = {
+      {3, 20, 24, kStepLens},       // dims that are not whole vectors
+      {2, 16, 200, {1, 9, 5}},      // two column tiles on cpu (128 + 72), seven column blocks on cuda
+      {12, 128, 128, {9, 1, 4}},    // Kimi K3 at TP 8
+  };
+  const KernelEntry* ref = reference_kernel(OpId::kda_recurrent);
+  for (const KdaShape& sh : shapes) {
+    const KdaBatch b = make_batch(sh.H, sh.K, sh.V, sh.lens, rng);
+    const int64_t HKV = b.H * b.K * b.V;
+    const std::vector<int32_t> zeros(b.lens.size(), 0);
+    StepBuffers ref_steps(b.lens, HKV);
+    {
+      auto states = b.states;
+      std::vector<float> out(b.T * b.H * b.V, NAN);
+      run_kda(fn_of<KdaFn>(ref), b, states, zeros, b.lens, out, ref_steps.ptrs.data());
+    }
+    for (const KernelEntry* k : host_kernels(OpId::kda_recurrent, OpShape{.heads_per_rank = sh.H, .head_dim = sh.K})) {
+      const KdaFn fn = fn_of<KdaFn>(k);
+      const std::string what = k->name + " " + b.describe();
+      const KdaResult plain = run_whole(fn, b);
+      StepBuffers steps(b.lens, HKV);
+      KdaResult with{std::vector<float>(b.T * b.H * b.V, NAN), {}};
+      auto states = b.states;
+      run_kda(fn, b, states, zeros, b.lens, with.out, steps.ptrs.data());
+      with.state = concat(states);
+      const auto n_out = static_cast<int64_t>(plain.out.size()), n_state = static_cast<int64_t>(plain.state.size());
+      EXPECT_EQ(first_difference(with.out.data(), plain.out.data(), n_out), "") << what << " (outputs)";
+      EXPECT_EQ(first_difference(with.state.data(), plain.state.data(), n_state), "") << what << " (final states)";
+      for (size_t s = 0; s < b.lens.size(); ++s) {
+        for (int32_t i = 0; i < b.lens[s]; ++i)
+          EXPECT_EQ(first_difference(&steps.each[s][i * HKV], kda_prefix_state(fn, b, s, i + 1).data(), HKV), "")
+              << what << " sequence " << s << " step " << i;
+        EXPECT_LE(normalized_error(steps.each[s], ref_steps.each[s]), kExact) << what << " sequence " << s;
+      }
+    }
+  }
+}
+
+// The final state of conv sequence s after its first n tokens, run alone.
+std::vector<float> conv_prefix_state(ShortConvFn fn, const ConvBatch& b, size_t s, int32_t n) {
+  std::vector<float> state = b.states[s], y(b.T * b.y_stride, NAN);
+  float* ptr = state.data();
+  const int32_t start = b.starts[s];
+  fn(ShortConvArgs{.x = b.x.data(), .x_stride = b.x_stride, .num_tokens = b.T, .channels = b.C, .width = b.W,
+                   .weight = b.weight.data(), .num_seqs = 1, .seq_start = &start, .seq_len = &n, .states = &ptr,
+                   .y = y.data(), .y_stride = b.y_stride});
+  return state;
+}
+
+TEST(KdaShortConv, StepStatesArePrefixFinalStates) {
+  std::mt19937 rng(33);
+  for (int64_t C : {17, 300})
+    for (int64_t W : {1, 2, 4}) {
+      const ConvBatch b = make_conv(C, W, kStepLens, rng, false);
+      const int64_t per_token = (W - 1) * C;
+      for (const KernelEntry* k : host_kernels(OpId::short_conv, {})) {
+        const ShortConvFn fn = fn_of<ShortConvFn>(k);
+        const std::string what = k->name + " C=" + std::to_string(C) + " W=" + std::to_string(W);
+        const ConvResult plain = run_conv(fn, b);
+        StepBuffers steps(b.lens, per_token);
+        const ConvResult with = run_conv(fn, b, 0, steps.ptrs.data());
+        EXPECT_EQ(written(b, with.y), written(b, plain.y)) << what;
+        EXPECT_EQ(with.state, plain.state) << what;
+        for (size_t s = 0; s < b.lens.size(); ++s)
+          for (int32_t i = 0; i < b.lens[s]; ++i)
+            EXPECT_EQ(first_difference(&steps.each[s][i * per_token], conv_prefix_state(fn, b, s, i + 1).data(),
+                                       per_token),
+                      "")
+                << what << " sequence " << s << " step " << i;
+      }
+    }
+}
+
+// kda_chunked does not write step states (the model asks for them through kda_recurrent only):
+// a caller that passes them anyway stops with a message instead of getting stale buffers.
+TEST(KdaChunkedDeathTest, RefusesStepStates) {
+  std::mt19937 rng(34);
+  const KdaBatch b = make_batch(2, 16, 16, {3, 2}, rng);
+  for (const KernelEntry* k : host_kernels(OpId::kda_chunked, OpShape{.heads_per_rank = 2, .head_dim = 16})) {
+    StepBuffers steps(b.lens, b.H * b.K * b.V);
+    auto states = b.states;
+    std::vector<float> out(b.T * b.H * b.V);
+    EXPECT_DEATH(run_kda(fn_of<KdaFn>(k), b, states, std::vector<int32_t>(b.lens.size(), 0), b.lens, out,
+                         steps.ptrs.data()),
+                 "step_states")
+        << k->name;
   }
 }
 

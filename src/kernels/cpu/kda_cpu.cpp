@@ -8,7 +8,8 @@
 // column tiles: the columns of S evolve independently (S[:, v] only meets v[v] and u[v]), so a
 // tile is all a step touches. kda_recurrent takes up to 128 columns (whole rows at V = 128: one
 // decode token streams the state in order), kda_chunked 16 (K rows of 64 bytes) against the
-// chunk's coefficients.
+// chunk's coefficients. kda_recurrent's step states (speculative verification) are stored by the
+// pass that writes the state, in an instantiation of its own; kda_chunked refuses them.
 //
 // Numerics: fp32 throughout, the reference sums in double; tests/ops/kda_ops_test.cpp bounds the
 // normalized error.
@@ -158,6 +159,14 @@ void short_conv_avx512(const ShortConvArgs& a) {
           store(y + c, _mm512_mul_ps(acc, vsigmoid(acc)), m);
         }
       }
+      // Step states (speculative verification): after token i, inputs i + 1 - (W-1) .. i, read
+      // while the state still holds the call's first inputs.
+      if (a.step_states != nullptr)
+        for (int64_t i = 0; i < L; ++i) {
+          float* step = a.step_states[s] + i * (W - 1) * C;  // [W-1, C]
+          for (int64_t r = 0; r < W - 1; ++r)
+            std::memcpy(step + r * C + c0, input(i + 1 - (W - 1) + r) + c0, sizeof(float) * (c1 - c0));
+        }
       // The last W-1 inputs, in place: row r takes input L - (W-1) + r, which is either in x or
       // state row r + L, not yet overwritten (rows are written in increasing order).
       for (int64_t r = 0; r < W - 1 && L > 0; ++r)
@@ -282,11 +291,14 @@ constexpr int kTileVecs = 8;
 // Tokens [0, n) of `rows` through state columns [v0, v0 + 16 NV) of one head (masks m[NV]):
 //   kv = S^T (k exp(g)) (the decay folded in), u = beta (v - kv), S <- exp(g) S + k u^T, o = S^T q
 // Two passes over the tile per token; with V = 128 a tile is whole state rows, so one token
-// (decode) streams the state from memory once, in order, and writes it once.
-template <int NV>
-void recurrent_tile(const KdaRows& rows, int64_t n, const KdaArgs& a, int64_t h, int64_t t0, float* S, int64_t v0,
-                    const __mmask16* m) {
+// (decode) streams the state from memory once, in order, and writes it once. kSteps: the tile
+// after token i is also stored at step + i H K V (step_states, this head's state of token 0), a
+// compile-time choice so the ordinary path has no extra branch in its inner loop.
+template <int NV, bool kSteps>
+void recurrent_tile(const KdaRows& rows, int64_t n, const KdaArgs& a, int64_t h, int64_t t0, float* S, float* step,
+                    int64_t v0, const __mmask16* m) {
   const int64_t K = a.head_k, V = a.head_v, Kp = rows.Kp;
+  [[maybe_unused]] const int64_t step_stride = a.num_heads * K * V;  // one token's step state to the next
   for (int64_t i = 0; i < n; ++i) {
     const float* k = &rows.k[i * Kp];
     const float* q = &rows.q[i * Kp];
@@ -306,14 +318,36 @@ void recurrent_tile(const KdaRows& rows, int64_t n, const KdaArgs& a, int64_t h,
     for (int64_t c = 0; c < K; ++c) {
       const __m512 dc = splat(d[c]), kc = splat(k[c]), qc = splat(q[c]);
       float* row = S + c * V + v0;
+      [[maybe_unused]] float* step_row = kSteps ? step + i * step_stride + c * V + v0 : nullptr;
       unroll<NV>([&](auto j) {
         const __m512 s = _mm512_fmadd_ps(kc, u[j], _mm512_mul_ps(dc, load(row + j * kW, m[j])));
         store(row + j * kW, s, m[j]);
+        if constexpr (kSteps) store(step_row + j * kW, s, m[j]);
         o[j] = _mm512_fmadd_ps(qc, s, o[j]);
       });
     }
     float* out = a.out + (t * a.num_heads + h) * V + v0;
     unroll<NV>([&](auto j) { store(out + j * kW, o[j], m[j]); });
+  }
+}
+
+// Tokens [0, n) of `rows` through every column tile of head h's state S.
+template <bool kSteps>
+void recurrent_tiles(const KdaRows& rows, int64_t n, const KdaArgs& a, int64_t h, int64_t t0, float* S, float* step) {
+  const int64_t V = a.head_v, tile = kTileVecs * kW;
+  for (int64_t v0 = 0; v0 < V; v0 += tile) {
+    __mmask16 m[kTileVecs];
+    for (int j = 0; j < kTileVecs; ++j) m[j] = tail_mask(std::max<int64_t>(0, V - v0 - j * kW));
+    switch ((std::min<int64_t>(V - v0, tile) + kW - 1) / kW) {
+      case 1: recurrent_tile<1, kSteps>(rows, n, a, h, t0, S, step, v0, m); break;
+      case 2: recurrent_tile<2, kSteps>(rows, n, a, h, t0, S, step, v0, m); break;
+      case 3: recurrent_tile<3, kSteps>(rows, n, a, h, t0, S, step, v0, m); break;
+      case 4: recurrent_tile<4, kSteps>(rows, n, a, h, t0, S, step, v0, m); break;
+      case 5: recurrent_tile<5, kSteps>(rows, n, a, h, t0, S, step, v0, m); break;
+      case 6: recurrent_tile<6, kSteps>(rows, n, a, h, t0, S, step, v0, m); break;
+      case 7: recurrent_tile<7, kSteps>(rows, n, a, h, t0, S, step, v0, m); break;
+      default: recurrent_tile<8, kSteps>(rows, n, a, h, t0, S, step, v0, m); break;
+    }
   }
 }
 
@@ -330,21 +364,10 @@ void kda_recurrent_avx512(const KdaArgs& a) {
         const int64_t n = std::min(kStepBlock, L - b0);
         prefetch_tokens(a, h, start + b0 + n, start + std::min(L, b0 + n + kStepBlock));
         for (int64_t i = 0; i < n; ++i) rows.fill(a, h, start + b0 + i, i);
-        const int64_t tile = kTileVecs * kW;
-        for (int64_t v0 = 0; v0 < V; v0 += tile) {
-          __mmask16 m[kTileVecs];
-          for (int j = 0; j < kTileVecs; ++j) m[j] = tail_mask(std::max<int64_t>(0, V - v0 - j * kW));
-          switch ((std::min<int64_t>(V - v0, tile) + kW - 1) / kW) {
-            case 1: recurrent_tile<1>(rows, n, a, h, start + b0, S, v0, m); break;
-            case 2: recurrent_tile<2>(rows, n, a, h, start + b0, S, v0, m); break;
-            case 3: recurrent_tile<3>(rows, n, a, h, start + b0, S, v0, m); break;
-            case 4: recurrent_tile<4>(rows, n, a, h, start + b0, S, v0, m); break;
-            case 5: recurrent_tile<5>(rows, n, a, h, start + b0, S, v0, m); break;
-            case 6: recurrent_tile<6>(rows, n, a, h, start + b0, S, v0, m); break;
-            case 7: recurrent_tile<7>(rows, n, a, h, start + b0, S, v0, m); break;
-            default: recurrent_tile<8>(rows, n, a, h, start + b0, S, v0, m); break;
-          }
-        }
+        if (a.step_states != nullptr)  // [L, H, K, V]: head h of token b0
+          recurrent_tiles<true>(rows, n, a, h, start + b0, S, a.step_states[s] + (b0 * H + h) * K * V);
+        else
+          recurrent_tiles<false>(rows, n, a, h, start + b0, S, nullptr);
       }
     }
   });
@@ -502,6 +525,7 @@ void chunk_tile(ChunkScratch<kC>& cs, int64_t n, const KdaArgs& a, int64_t h, in
 template <int64_t kC>
 void kda_chunked_avx512(const KdaArgs& a) {
   static_assert(kC % kGroup == 0);
+  MOAT_CHECK(a.step_states == nullptr, "kda_chunked: step_states is for kda_recurrent only");
   const int64_t H = a.num_heads, K = a.head_k, V = a.head_v, Kp = round_up(K, kW);
   int64_t steps = 0;
   for (int64_t s = 0; s < a.num_seqs; ++s) steps = std::max<int64_t>(steps, (a.seq_len[s] + kC - 1) / kC);

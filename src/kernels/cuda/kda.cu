@@ -1,15 +1,18 @@
 // CUDA kernels of the Kimi Delta Attention ops (kernel_types.h), the semantics of
 // src/kernels/reference/kda_reference.cpp. Every pointer is a device pointer, the arrays of
-// per-sequence state pointers (ShortConvArgs::states, KdaArgs::states) included: a device array of
-// device pointers. Launched on the default stream (cuda_backend.h). Straightforward kernels,
-// written for correctness and a clear layout rather than peak speed:
+// per-sequence state pointers (states and step_states of ShortConvArgs and KdaArgs) included: a
+// device array of device pointers. Launched on the default stream (cuda_backend.h).
+// Straightforward kernels, written for correctness and a clear layout rather than peak speed:
 //   short_conv      one thread per (channel, sequence, block of 64 tokens), then one per (channel,
 //                   sequence) shifting the state (a second launch: the first reads the old state).
+//                   Step states (ShortConvArgs::step_states): one thread per (channel,
+//                   sequence, token) between the two, launched only when asked for.
 //   kda_gate        one thread per element.
 //   gated_rms_norm  one warp per (token, head).
 //   kda_recurrent   one block of 256 threads per (sequence, head, 32 state columns): lane = column,
 //                   the 8 warps split the K rows, the state tile lives in registers for the whole
-//                   call; each token is 4 block barriers (two reductions over the rows).
+//                   call; each token is 4 block barriers (two reductions over the rows). Step
+//                   states (KdaArgs::step_states) are stored from the registers after each token.
 //   kda_chunked     the same layout and register-resident state, 16 tokens per chunk: the chunk's
 //                   A and B (kda_reference.cpp's chunked form) warp by warp, S0^T (exp(G) k) and
 //                   S0^T (exp(G) q) as partial sums over each warp's rows, the triangular solve
@@ -74,6 +77,24 @@ __global__ void short_conv_kernel(ShortConvArgs a) {
   }
 }
 
+// Step states, when asked for: thread (channel, sequence, tokens i = blockIdx.z + k gridDim.z)
+// writes the state after token i, inputs i + 1 - (W-1) .. i, into step_states[s] [L, W-1, C].
+// Launched between the two above, while the state still holds the inputs before the call.
+__global__ void short_conv_steps_kernel(ShortConvArgs a) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t s = blockIdx.y, L = a.seq_len[s], C = a.channels, W = a.width;
+  if (c >= C) return;
+  const int64_t start = a.seq_start[s];
+  const float* state = a.states[s];
+  for (int64_t i = blockIdx.z; i < L; i += gridDim.z) {
+    float* step = a.step_states[s] + i * (W - 1) * C;
+    for (int64_t r = 0; r < W - 1; ++r) {
+      const int64_t p = i + 1 - (W - 1) + r;
+      step[r * C + c] = p >= 0 ? a.x[(start + p) * a.x_stride + c] : state[(W - 1 + p) * C + c];
+    }
+  }
+}
+
 // The last W-1 inputs into the state, in place: row r takes input L - (W-1) + r, from x or from
 // state row r + L, which this thread has not overwritten yet (rows in increasing order).
 __global__ void short_conv_state_kernel(ShortConvArgs a) {
@@ -120,8 +141,10 @@ __global__ void gated_rms_norm_kernel(GatedRmsNormArgs a) {
 
 // ---- kda_recurrent -------------------------------------------------------------------------------
 // Block (sequence, head) = blockIdx.x, columns [32 blockIdx.y, +32). Thread: column = lane, rows
-// c = warp + 8 m (m < kPer) of the state tile in st[m].
-template <int kPer>
+// c = warp + 8 m (m < kPer) of the state tile in st[m]. kSteps: step_states is set, and the tile
+// is stored there after each token; a separate instantiation, as a runtime test cost the ordinary
+// kernel registers (ptxas at kPer = 32: 110 -> 128 and a spill).
+template <int kPer, bool kSteps>
 __global__ void __launch_bounds__(kThreads) kda_recurrent_kernel(KdaArgs a) {
   __shared__ float sq[kMaxKdaHeadDim], sk[kMaxKdaHeadDim], sd[kMaxKdaHeadDim];
   __shared__ float red_kv[kRowWarps][32], red_o[kRowWarps][32], red_norm[kRowWarps][2];
@@ -131,6 +154,8 @@ __global__ void __launch_bounds__(kThreads) kda_recurrent_kernel(KdaArgs a) {
   const int64_t col = blockIdx.y * 32 + lane;
   const bool has_col = col < V;
   float* S = a.states[s] + h * K * V;
+  // step_states[s] [L, H, K, V] at head h of token 0, H K V floats from one token to the next
+  [[maybe_unused]] float* step = kSteps ? a.step_states[s] + h * K * V : nullptr;
   float st[kPer];
 #pragma unroll
   for (int m = 0; m < kPer; ++m) {
@@ -181,6 +206,14 @@ __global__ void __launch_bounds__(kThreads) kda_recurrent_kernel(KdaArgs a) {
       }
     }
     red_o[warp][lane] = po;
+    if constexpr (kSteps) {
+      float* dst = step + (t - start) * H * K * V;
+#pragma unroll
+      for (int m = 0; m < kPer; ++m) {
+        const int64_t c = warp + kRowWarps * m;
+        if (c < K && has_col) dst[c * V + col] = st[m];
+      }
+    }
     __syncthreads();
     if (warp == 0 && has_col) {
       float o = 0.0f;
@@ -384,6 +417,18 @@ void launch_chunked(const KdaArgs& a, dim3 grid) {
   kda_chunked_kernel<kPer><<<grid, kThreads, bytes>>>(a);
 }
 
+template <bool kSteps>
+void launch_recurrent(const KdaArgs& a, dim3 grid) {
+  switch (rows_per_thread(a.head_k)) {
+    case 1: kda_recurrent_kernel<1, kSteps><<<grid, kThreads>>>(a); break;
+    case 2: kda_recurrent_kernel<2, kSteps><<<grid, kThreads>>>(a); break;
+    case 4: kda_recurrent_kernel<4, kSteps><<<grid, kThreads>>>(a); break;
+    case 8: kda_recurrent_kernel<8, kSteps><<<grid, kThreads>>>(a); break;
+    case 16: kda_recurrent_kernel<16, kSteps><<<grid, kThreads>>>(a); break;
+    default: kda_recurrent_kernel<32, kSteps><<<grid, kThreads>>>(a); break;
+  }
+}
+
 }  // namespace
 
 void short_conv(const ShortConvArgs& a) {
@@ -392,6 +437,13 @@ void short_conv(const ShortConvArgs& a) {
                   static_cast<unsigned>((a.num_tokens + kConvTokens - 1) / kConvTokens));
   short_conv_kernel<<<grid, 128>>>(a);
   KDA_CUDA_OK(cudaGetLastError());
+  if (a.step_states != nullptr) {  // up to one block row per token of the call
+    const int64_t rows = a.num_tokens < 65535 ? a.num_tokens : 65535;  // gridDim.z's limit
+    short_conv_steps_kernel<<<dim3(static_cast<unsigned>((a.channels + 127) / 128), static_cast<unsigned>(a.num_seqs),
+                                   static_cast<unsigned>(rows)),
+                              128>>>(a);
+    KDA_CUDA_OK(cudaGetLastError());
+  }
   short_conv_state_kernel<<<dim3(static_cast<unsigned>((a.channels + 127) / 128), static_cast<unsigned>(a.num_seqs)),
                             128>>>(a);
   KDA_CUDA_OK(cudaGetLastError());
@@ -414,18 +466,18 @@ void gated_rms_norm(const GatedRmsNormArgs& a) {
 void kda_recurrent(const KdaArgs& a) {
   if (a.num_seqs == 0 || a.num_heads == 0) return;
   const dim3 grid(static_cast<unsigned>(a.num_seqs * a.num_heads), static_cast<unsigned>((a.head_v + 31) / 32));
-  switch (rows_per_thread(a.head_k)) {
-    case 1: kda_recurrent_kernel<1><<<grid, kThreads>>>(a); break;
-    case 2: kda_recurrent_kernel<2><<<grid, kThreads>>>(a); break;
-    case 4: kda_recurrent_kernel<4><<<grid, kThreads>>>(a); break;
-    case 8: kda_recurrent_kernel<8><<<grid, kThreads>>>(a); break;
-    case 16: kda_recurrent_kernel<16><<<grid, kThreads>>>(a); break;
-    default: kda_recurrent_kernel<32><<<grid, kThreads>>>(a); break;
-  }
+  if (a.step_states != nullptr)
+    launch_recurrent<true>(a, grid);
+  else
+    launch_recurrent<false>(a, grid);
   KDA_CUDA_OK(cudaGetLastError());
 }
 
 void kda_chunked(const KdaArgs& a) {
+  if (a.step_states != nullptr) {
+    std::fprintf(stderr, "cuda kda_chunked: step_states is for kda_recurrent only\n");
+    std::abort();
+  }
   if (a.num_seqs == 0 || a.num_heads == 0) return;
   const dim3 grid(static_cast<unsigned>(a.num_seqs * a.num_heads), static_cast<unsigned>((a.head_v + 31) / 32));
   switch (rows_per_thread(a.head_k)) {

@@ -1,7 +1,8 @@
 // Scalar reference kernels of the Kimi Delta Attention ops (kernel_types.h: ShortConvArgs,
 // KdaGateArgs, KdaArgs, GatedRmsNormArgs): the oracle the cpu and cuda kernels are tested against
 // and the cpu backend's declared fallback. Clarity first, every sum in double. A sequence's state
-// is read into double at the start of a call and rounded to fp32 once at its end.
+// is read into double at the start of a call and rounded to fp32 once at its end (step states,
+// when asked for, are fp32 copies of it after each token: the last one is the final state).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -32,6 +33,13 @@ void short_conv_ref(const ShortConvArgs& a) {
         double acc = 0.0;
         for (int64_t j = 0; j < W; ++j) acc += a.weight[c * W + j] * input(i - (W - 1) + j, c);
         a.y[(start + i) * a.y_stride + c] = static_cast<float>(silu(acc));
+      }
+    // The state after token i (its last W-1 inputs, inputs i - (W-1) + 1 .. i), for each i.
+    if (a.step_states != nullptr)
+      for (int64_t i = 0; i < L; ++i) {
+        float* step = a.step_states[s] + i * (W - 1) * C;  // [W-1, C]
+        for (int64_t r = 0; r < W - 1; ++r)
+          for (int64_t c = 0; c < C; ++c) step[r * C + c] = static_cast<float>(input(i + 1 - (W - 1) + r, c));
       }
     // The last W-1 inputs, gathered before the state is overwritten.
     std::vector<float> next(static_cast<size_t>((W - 1) * C));
@@ -98,6 +106,12 @@ void store_state(const KdaArgs& a, int64_t s, int64_t h, const std::vector<doubl
   float* dst = a.states[s] + h * a.head_k * a.head_v;
   for (size_t i = 0; i < S.size(); ++i) dst[i] = static_cast<float>(S[i]);
 }
+// Head h's state after token i of sequence s into step_states[s] [seq_len, H, K, V].
+void store_step_state(const KdaArgs& a, int64_t s, int64_t i, int64_t h, const std::vector<double>& S) {
+  const int64_t KV = a.head_k * a.head_v;
+  float* dst = a.step_states[s] + (i * a.num_heads + h) * KV;
+  for (size_t j = 0; j < S.size(); ++j) dst[j] = static_cast<float>(S[j]);
+}
 
 // The definition, step by step: S <- diag(exp g) S; S <- S + beta k (v - S^T k)^T; o = S^T q.
 void kda_recurrent_ref(const KdaArgs& a) {
@@ -121,6 +135,7 @@ void kda_recurrent_ref(const KdaArgs& a) {
           for (int64_t c = 0; c < K; ++c) o += S[c * V + j] * x.q[c];
           out[j] = static_cast<float>(o);
         }
+        if (a.step_states != nullptr) store_step_state(a, s, t - a.seq_start[s], h, S);
       }
       store_state(a, s, h, S);
     }
@@ -138,6 +153,7 @@ void kda_recurrent_ref(const KdaArgs& a) {
 constexpr int64_t kRefChunk = 64;
 
 void kda_chunked_ref(const KdaArgs& a) {
+  MOAT_CHECK(a.step_states == nullptr, "kda_chunked: step_states is for kda_recurrent only");
   const int64_t K = a.head_k, V = a.head_v;
   for (int64_t s = 0; s < a.num_seqs; ++s)
     for (int64_t h = 0; h < a.num_heads; ++h) {
