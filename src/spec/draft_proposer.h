@@ -10,7 +10,10 @@
 // greedily, and their one-hot distributions are not stored.
 //
 // The draft cache keeps rows by position, so a rejection needs no undo: only the rows of tokens
-// the target kept (below Request::num_computed_tokens) are trusted at the next proposal.
+// the target kept (below Request::num_computed_tokens) are trusted at the next proposal. A draft
+// with recurrent state (a Kimi Linear / K3-shaped draft) keeps a state slot per request and a
+// copy of it after each drafting step; the next proposal restores the copy at the position the
+// target accepted (or, with none, starts the request's draft state over).
 #pragma once
 
 #include <memory>
@@ -38,16 +41,22 @@ class DraftModelProposer final : public Proposer {
   const BlockPool& block_pool() const { return pool_; }
 
  private:
-  DraftModelProposer(DeepseekModel& draft, int32_t num_blocks, int32_t block_size);
+  DraftModelProposer(DeepseekModel& draft, int32_t num_blocks, int32_t block_size, int32_t max_num_seqs);
   struct State {
     std::vector<int32_t> blocks;
     int64_t valid = 0;  // positions [0, valid) hold the draft's rows of the request's tokens
+    int32_t slot = -1;  // recurrent-state slot (stateful drafts), its state after position valid - 1
+    // (valid, the slot's bytes) after each drafting step of the last proposal
+    std::vector<std::pair<int64_t, std::vector<uint8_t>>> snapshots;
   };
+  // Trust the draft's rows and state only below `trusted` (the target's computed tokens).
+  void rewind(State& s, int64_t trusted);
 
   DeepseekModel& model_;
   PagedLatentCache cache_;
   BlockPool pool_;
   GuessSampler guesses_;
+  StateSlotPool state_pool_;  // disabled (0 bytes) for drafts without recurrent state
   std::unordered_map<uint64_t, State> states_;
   std::vector<float> logits_;
 };
