@@ -10,8 +10,8 @@
 // attention (GB/s of latent cache). Weight sets are replicated past the L3 size and cycled, so a
 // small matrix is read from DRAM as it would be when decode walks 26 layers of experts.
 // Kimi Delta Attention (kda_rows): kda_recurrent decode (GB/s of state vs bandwidth) and
-// kda_chunked prefill at 1k and 8k tokens (tokens/s vs the fp32 peak); --kda-only runs just the
-// probes and these.
+// kda_chunked prefill at 1k, 8k and 32k tokens, 12 heads (K3 per rank at TP 8) and 32 (Kimi
+// Linear) (tokens/s and us/token vs the fp32 peak); --kda-only runs just the probes and these.
 // 4-bit routed experts (q4_rows): MXFP4 and INT4 (group 32) at Kimi K3's 3072 x 3584 gate/up and
 // 3584 x 3072 down and Kimi K2-Thinking's 2048 x 7168 gate/up, T = 1 (GB/s of codes + scales vs
 // bandwidth, default W4A16 and exact) and T = 16, 64 (vs the lower of the bf16 peak and streaming
@@ -108,10 +108,13 @@ struct Row {
 //            state [K, V] fp32 is read and written once per token (2 x 64 KiB), cycled through
 //            copies past the L3 as decode walks the layers; GB/s of state vs the read bandwidth
 //            (writes cost more than reads on most machines, so this roofline is optimistic).
-//   prefill  kda_chunked (and kda_recurrent for comparison) over 1024 and 8192 tokens of one
-//            sequence, 12 heads: tokens/s; the roofline is the fp32 FMA peak over the step's own
-//            arithmetic (7 K V flops per token and head: decay, S^T k, the rank-1 update, S^T q).
-//            Flat per-token time from 1k to 8k is the point: no work grows with the context.
+//   prefill  kda_chunked over 1024, 8192 and 32768 tokens of one sequence at 12 heads (K3 per rank
+//            at TP 8) and 32 (Kimi Linear 48B at TP 1), and kda_recurrent at 12 heads over 1024
+//            and 8192 for comparison: tokens/s and us/token; the roofline is the fp32 FMA peak
+//            over the step's own arithmetic (7 K V flops per token and head: decay, S^T k, the
+//            rank-1 update, S^T q). Flat per-token time from 1k to 32k is the point: no work
+//            grows with the context. Inputs of the long calls tile one random block of 64 Ki
+//            values (drawing 32k x 32 x 128 x 5 normals took longer than the timing).
 // False when a kernel disagrees with the reference (reported on stderr).
 bool kda_rows(std::vector<Row>& rows, const std::string& tt, double bw, double fp32_peak, bool check,
               int64_t llc_span) {
@@ -120,8 +123,10 @@ bool kda_rows(std::vector<Row>& rows, const std::string& tt, double bw, double f
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::uniform_real_distribution<float> decay(-0.5f, -0.01f);
   auto fill = [&](std::vector<float>& v, size_t n, bool is_g) {
+    constexpr size_t kBlock = size_t{1} << 16;
     v.resize(n);
-    for (float& x : v) x = is_g ? decay(rng) : dist(rng);
+    for (size_t i = 0; i < std::min(n, kBlock); ++i) v[i] = is_g ? decay(rng) : dist(rng);
+    for (size_t i = kBlock; i < n; i += kBlock) std::copy_n(v.begin(), std::min(kBlock, n - i), v.begin() + i);
   };
   const auto* rec_ref = Registry::global().kernels(OpId::kda_recurrent, Backend::reference).front();
   // Inputs of T tokens of one sequence over H heads, state `state`.
@@ -179,18 +184,29 @@ bool kda_rows(std::vector<Row>& rows, const std::string& tt, double bw, double f
     rows.push_back({"kda_recurrent decode T=1, " + std::to_string(H) + " heads x 128x128 state (" + tt + ")", k->name,
                     gbs, bw, 100 * gbs / bw, "GB/s"});
   }
-  const int64_t H = 12;
-  for (const KernelEntry* k : {best_kernel(OpId::kda_chunked, OpShape{.heads_per_rank = H, .head_dim = K}),
-                               best_kernel(OpId::kda_recurrent, OpShape{.heads_per_rank = H, .head_dim = K})}) {
+  struct Prefill {
+    OpId op;
+    int64_t H;
+    std::vector<int64_t> tokens;
+  };
+  const Prefill prefills[] = {{OpId::kda_chunked, 12, {1024, 8192, 32768}},
+                              {OpId::kda_chunked, 32, {1024, 8192, 32768}},
+                              {OpId::kda_recurrent, 12, {1024, 8192}}};
+  for (const Prefill& p : prefills) {
+    const int64_t H = p.H;
+    const KernelEntry* k = best_kernel(p.op, OpShape{.heads_per_rank = H, .head_dim = K});
     if (check && !agrees(k, 100, H)) return false;
-    for (int64_t T : {1024, 8192}) {
-      Call c = make_call(T, H);
+    Call c = make_call(p.tokens.back(), H);  // shorter calls read a prefix
+    for (int64_t T : p.tokens) {
+      c.len = static_cast<int32_t>(T);
       std::vector<float> state(H * head_state, 0.0f);
       c.state = state.data();
-      const double sec = time_per_call([&] { reinterpret_cast<KdaFn>(k->fn)(c.args(H)); }, T > 1024 ? 1.0 : 0.5);
+      // a 32k call takes seconds: one warm-up and the best of three
+      const double budget = T > 8192 ? 0.0 : T > 1024 ? 1.0 : 0.5;
+      const double sec = time_per_call([&] { reinterpret_cast<KdaFn>(k->fn)(c.args(H)); }, budget);
       const double tok_s = T / sec, roof = fp32_peak * 1e9 / (7.0 * K * V * H);
-      rows.push_back({std::string(op_name(k->op)) + " T=" + std::to_string(T) + ", 12 heads x 128 (" + tt +
-                          "), " + fmt::format("{:.1f}", 1e6 * sec / T) + " us/tok",
+      rows.push_back({std::string(op_name(k->op)) + " T=" + std::to_string(T) + ", " + std::to_string(H) +
+                          " heads x 128 (" + tt + "), " + fmt::format("{:.1f}", 1e6 * sec / T) + " us/tok",
                       k->name, tok_s, roof, 100 * tok_s / roof, "tok/s"});
     }
   }

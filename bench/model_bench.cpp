@@ -1,20 +1,38 @@
 // Model-level benchmark for one checkpoint at one thread count (one process per run, so peak RSS
 // is this configuration's own): prefill of --prompt-tokens random tokens, then --decode-tokens
 // greedy decode steps at one stream, each next to its roofline measured in the same process:
-//   decode roofline  = bandwidth / (active weight bytes + latent cache bytes read per token), the
-//                      bandwidth measured on the memory holding the weights (all files' mappings
-//                      or copies, up to 8 GiB) when it is larger than the caches: on VMs that
-//                      memory can read far slower than a freshly allocated buffer (both shown)
-//   prefill roofline = bf16 peak / FLOPs per prompt (2 x active params per token + attention)
-// Prints one markdown table row (--markdown) or a readable summary.
+//   decode roofline  = bandwidth / bytes one decode token moves: the active weights (routed
+//                      experts at their stored size: MXFP4 0.5 B per weight + an e8m0 scale per
+//                      32), a hybrid model's recurrent state (state_bytes_per_request(), read and
+//                      written once per token: the KDA layers' conv inputs and fp32 states), and
+//                      the latent rows of the MLA layers (read at the context length, one written).
+//                      The bandwidth is measured on the memory holding the weights (all files'
+//                      mappings or copies, up to 8 GiB) when it is larger than the caches: on VMs
+//                      that memory can read far slower than a freshly allocated buffer (both shown)
+//   prefill roofline = bf16 peak / FLOPs per prompt (2 x active params per token, the lm_head once
+//                      per forward call; absorbed MLA attention over the MLA layers; the KDA
+//                      recurrence's 7 K V flops per token and head over the KDA layers)
+// Prints one markdown table row (--markdown) or a readable summary; --decode-bytes makes the row
+// the decode byte breakdown instead.
+// --contexts N1,N2,...: instead, prefill of N random tokens from an empty cache at each N (in
+// forward calls of --prefill-chunk tokens, as an engine's chunked prefill runs a long prompt),
+// timed once each: tok/s and us/token, split into the KDA layers, the MLA layers and the rest by
+// timestamps at each layer's output (a layer's time is its attention plus its MLP / MoE). A
+// linear-attention layer's time per token is flat in N; an MLA layer's grows with N.
 //
 //   model_bench --model DIR [--threads N] [--prompt-tokens 512] [--decode-tokens 32] [--exact]
-//               [--weights-in-memory] [--markdown]
+//               [--weights-in-memory] [--markdown] [--decode-bytes]
+//               [--contexts 1024,8192] [--prefill-chunk 2048]
 #include <sys/resource.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <optional>
 #include <random>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "base/thread_pool.h"
 #include "models/deepseek_v3.h"
@@ -38,7 +56,51 @@ struct Args {
   bool exact = false;  // OpTable::set_exact_activations
   bool weights_in_memory = false;
   bool markdown = false;
+  bool decode_bytes = false;     // the markdown row is the decode byte breakdown
+  std::vector<int64_t> contexts;  // prefill sweep instead of prefill + decode
+  int64_t prefill_chunk = 2048;   // tokens per forward call in the sweep
 };
+
+// "1024,8192,32k" -> {1024, 8192, 32768}; nullopt on anything else.
+std::optional<std::vector<int64_t>> parse_counts(const std::string& list) {
+  std::vector<int64_t> out;
+  size_t p = 0;
+  while (p <= list.size()) {
+    const size_t q = std::min(list.find(',', p), list.size());
+    std::string item = list.substr(p, q - p);
+    int64_t scale = 1;
+    if (!item.empty() && (item.back() == 'k' || item.back() == 'K')) scale = 1024, item.pop_back();
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (...) {
+      return std::nullopt;
+    }
+    if (used != item.size() || v <= 0) return std::nullopt;
+    out.push_back(v * scale);
+    p = q + 1;
+  }
+  return out;
+}
+
+// FLOPs of a prefill of n tokens from position 0 in calls of `chunk` tokens: 2 per active weight
+// per token, the lm_head (vocab x hidden, counted in active.params) only for each call's last
+// token; absorbed MLA attention per (query, key) pair and head over the MLA layers (q.row over D
+// values, the latent output over kv_lora); KDA's 7 K V per token and head over the KDA layers
+// (decay, S^T k, the rank-1 update, S^T q; kernel_bench's kda rows use the same count).
+double prefill_flops(const ModelConfig& c, double active_params, int64_t n, int64_t chunk) {
+  const double head = static_cast<double>(c.vocab_size) * c.hidden_size;
+  const double calls = static_cast<double>((n + chunk - 1) / chunk);
+  const double pairs = n * (n + 1) / 2.0;
+  const double attn = c.num_mla_layers() * pairs * c.num_attention_heads * 2.0 * (c.kv_cache_dim() + c.kv_lora_rank);
+  double kda = 0;
+  if (c.linear_attn) {
+    const double K = static_cast<double>(c.linear_attn->head_dim);
+    kda = c.num_kda_layers() * static_cast<double>(n) * 7.0 * K * K * c.linear_attn->num_heads;
+  }
+  return 2.0 * (active_params - head) * n + 2.0 * head * calls + attn + kda;
+}
 
 }  // namespace
 
@@ -60,13 +122,29 @@ int main(int argc, char** argv) {
     else if (s == "--exact") a.exact = true;
     else if (s == "--weights-in-memory") a.weights_in_memory = true;
     else if (s == "--markdown") a.markdown = true;
+    else if (s == "--decode-bytes") a.decode_bytes = true;
+    else if (s == "--contexts") {
+      const std::string list = next();
+      auto counts = parse_counts(list);
+      if (!counts) {
+        std::fprintf(stderr, "--contexts: expected a comma list of positive token counts such as 1024,8192,32k, got '%s'\n",
+                     list.c_str());
+        return 2;
+      }
+      a.contexts = *counts;
+    } else if (s == "--prefill-chunk") a.prefill_chunk = std::stoll(next());
     else {
-      std::fprintf(stderr, "usage: model_bench --model DIR [--threads N] [--prompt-tokens N] [--decode-tokens N] [--exact] [--weights-in-memory] [--markdown]\n");
+      std::fprintf(stderr, "usage: model_bench --model DIR [--threads N] [--prompt-tokens N] [--decode-tokens N] [--exact] [--weights-in-memory] [--markdown] [--decode-bytes] [--contexts N1,N2,...] [--prefill-chunk N]\n");
       return 2;
     }
   }
+  if (a.prefill_chunk <= 0) {
+    std::fprintf(stderr, "--prefill-chunk: expected a positive token count\n");
+    return 2;
+  }
   constexpr int64_t kWarmupDecodeSteps = 4;
-  const int64_t context = a.prompt_tokens + kWarmupDecodeSteps + a.decode_tokens;
+  const int64_t sweep_max = a.contexts.empty() ? 0 : *std::max_element(a.contexts.begin(), a.contexts.end());
+  const int64_t context = a.contexts.empty() ? a.prompt_tokens + kWarmupDecodeSteps + a.decode_tokens : sweep_max;
   auto loaded = DeepseekModel::load(a.model, {.backend = ops::Backend::cpu, .max_context = context,
                                               .exact_activations = a.exact,
                                               .weights = a.weights_in_memory ? WeightPlacement::memory
@@ -86,8 +164,82 @@ int main(int argc, char** argv) {
   for (auto& t : prompt) t = token(rng);
   std::vector<float> logits(static_cast<size_t>(V));
   auto cache = model.new_sequence_cache(context);
+  // Before each prompt from position 0: a fresh state slot (a new request's state is zeros); the
+  // latent rows are simply overwritten.
+  auto reset_state = [&] {
+    if (!cache.states.enabled()) return;
+    cache.states.release(cache.state_slot);
+    cache.state_slot = *cache.states.allocate();
+  };
 
-  auto prefill = [&] { model.forward(cache, prompt, 0, logits.data()); };
+  if (!a.contexts.empty()) {
+    // Prefill sweep; per-layer time from the layer-output hook.
+    std::vector<int32_t> tokens(static_cast<size_t>(sweep_max));
+    for (auto& t : tokens) t = token(rng);
+    std::vector<double> layer_s(static_cast<size_t>(model.num_layers()));
+    auto t_prev = std::chrono::steady_clock::now();
+    const DeepseekModel::LayerHook hook = [&](int64_t layer, const float*, int64_t) {
+      const auto now = std::chrono::steady_clock::now();
+      layer_s[static_cast<size_t>(layer)] += std::chrono::duration<double>(now - t_prev).count();
+      t_prev = now;
+    };
+    auto run_prompt = [&](int64_t n) {
+      reset_state();
+      std::fill(layer_s.begin(), layer_s.end(), 0.0);
+      for (int64_t off = 0; off < n; off += a.prefill_chunk) {
+        const int64_t len = std::min(a.prefill_chunk, n - off);
+        t_prev = std::chrono::steady_clock::now();
+        model.forward(cache, std::span<const int32_t>(tokens.data() + off, static_cast<size_t>(len)),
+                      static_cast<int32_t>(off), logits.data(), ForwardBatch::Logits::last, hook);
+      }
+    };
+    // Untimed: faults the weights in and sizes the workspace for a full chunk.
+    run_prompt(std::min(a.prefill_chunk, sweep_max));
+    struct Point {
+      int64_t n;
+      double total_s, kda_s, mla_s, rest_s;
+    };
+    std::vector<Point> points;
+    for (int64_t n : a.contexts) {
+      const auto t0 = std::chrono::steady_clock::now();
+      run_prompt(n);
+      Point pt{n, bench::seconds_since(t0), 0, 0, 0};
+      for (int64_t i = 0; i < model.num_layers(); ++i)
+        (c.is_kda_layer(i) ? pt.kda_s : pt.mla_s) += layer_s[static_cast<size_t>(i)];
+      // the rest: final norm and lm_head after the last layer (the embedding gather counts in layer 0)
+      pt.rest_s = pt.total_s - pt.kda_s - pt.mla_s;
+      points.push_back(pt);
+    }
+    const double bf16_peak = bench::bf16_peak_gflops() * 1e9;
+    const auto active = model.active_weights_per_token();
+    if (!a.markdown)
+      std::printf("model %s, %d thread(s), %s activations, prefill in calls of %lld tokens; bf16 peak %.1f GFLOPS\n"
+                  "  %lld KDA + %lld MLA layers (each layer's time: its attention and its MLP / MoE)\n",
+                  a.model.c_str(), a.threads, a.exact ? "exact" : "default", static_cast<long long>(a.prefill_chunk),
+                  bf16_peak / 1e9, static_cast<long long>(c.num_kda_layers()), static_cast<long long>(c.num_mla_layers()));
+    for (const Point& pt : points) {
+      const double n = static_cast<double>(pt.n), us = 1e6 / n;
+      const double roof_tps = n / (prefill_flops(c, static_cast<double>(active.params), pt.n, a.prefill_chunk) / bf16_peak);
+      const double tps = n / pt.total_s;
+      if (a.markdown) {
+        std::printf("| %s | %d | %lld (calls of %lld) | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.0f%% |\n",
+                    a.model.c_str(), a.threads, static_cast<long long>(pt.n),
+                    static_cast<long long>(std::min(pt.n, a.prefill_chunk)), tps, pt.total_s * us, pt.kda_s * us,
+                    pt.mla_s * us, pt.rest_s * us, roof_tps, 100 * tps / roof_tps);
+      } else {
+        std::printf("  prefill %6lld tokens: %8.1f tok/s, %8.1f us/token (KDA layers %.1f, MLA layers %.1f, rest %.1f); "
+                    "roofline %.1f tok/s (%.0f%%)\n",
+                    static_cast<long long>(pt.n), tps, pt.total_s * us, pt.kda_s * us, pt.mla_s * us, pt.rest_s * us,
+                    roof_tps, 100 * tps / roof_tps);
+      }
+    }
+    return 0;
+  }
+
+  auto prefill = [&] {
+    reset_state();
+    model.forward(cache, prompt, 0, logits.data());
+  };
   // The first prefill faults the mmapped weights in; the second is the measurement.
   prefill();
   const auto p0 = std::chrono::steady_clock::now();
@@ -127,20 +279,28 @@ int main(int argc, char** argv) {
   }
   const double bf16_peak = bench::bf16_peak_gflops() * 1e9;
 
+  // Bytes one decode token moves: active weights, the recurrent state read and written, the MLA
+  // layers' latent rows read at the mean context of the timed steps plus the row written.
   const auto active = model.active_weights_per_token();
   const double avg_ctx = a.prompt_tokens + kWarmupDecodeSteps + a.decode_tokens / 2.0;
-  const double kv_read = avg_ctx * static_cast<double>(model.cache_shape().bytes_per_token());  // bf16 latent cache
-  const double decode_roof_tps = bandwidth / (active.bytes + kv_read);
-  // Absorbed attention: per (query, key) pair and head, q.row over D values and the latent
-  // output over kv_lora values, 2 FLOPs per multiply-add.
-  const double pairs = a.prompt_tokens * (a.prompt_tokens + 1) / 2.0;
-  const double attn_flops = c.num_hidden_layers * pairs * c.num_attention_heads * 2.0 * (c.kv_cache_dim() + c.kv_lora_rank);
-  const double prefill_flops = 2.0 * active.params * a.prompt_tokens + attn_flops;
-  const double prefill_roof_tps = a.prompt_tokens / (prefill_flops / bf16_peak);
+  const double row_bytes = static_cast<double>(model.cache_shape().bytes_per_token());  // all MLA layers
+  const double kv_read = (avg_ctx + 1) * row_bytes;
+  const double state_rw = 2.0 * static_cast<double>(model.state_bytes_per_request());
+  const double decode_bytes = static_cast<double>(active.bytes) + state_rw + kv_read;
+  const double decode_roof_tps = bandwidth / decode_bytes;
+  const double prompt_flops = prefill_flops(c, static_cast<double>(active.params), a.prompt_tokens, a.prompt_tokens);
+  const double prefill_roof_tps = a.prompt_tokens / (prompt_flops / bf16_peak);
   const double prefill_tps = a.prompt_tokens / prefill_s, decode_tps = 1.0 / decode_s;
   const double ckpt_mib = model.checkpoint().total_bytes() / 1048576.0, kv_mib = cache.pages.bytes() / 1048576.0;
 
-  if (a.markdown) {
+  if (a.markdown && a.decode_bytes) {
+    // | model | threads | activations, weights | state B / request | context | weights MB | state read +
+    // written MB | latent rows MB | MB / token | GB/s weights' memory / fresh | decode tok/s | roofline | % |
+    std::printf("| %s | %d | %s, %s | %lld | %.0f | %.2f | %.2f | %.3f | %.2f | %.1f / %.1f | %.2f | %.2f | %.0f%% |\n",
+                a.model.c_str(), a.threads, a.exact ? "exact" : "default", a.weights_in_memory ? "in memory" : "mmap",
+                static_cast<long long>(model.state_bytes_per_request()), avg_ctx, active.bytes / 1e6, state_rw / 1e6, kv_read / 1e6, decode_bytes / 1e6, bandwidth / 1e9,
+                fresh_bandwidth / 1e9, decode_tps, decode_roof_tps, 100 * decode_tps / decode_roof_tps);
+  } else if (a.markdown) {
     std::printf("| %s | %d | %s, %s, %.0f%% | %.1f / %.1f | %.1f | %.1f | %.0f%% | %.2f | %.2f | %.0f%% | %.0f | %.0f + %.0f | %.2f |\n",
                 a.model.c_str(), a.threads, a.exact ? "exact" : "default",
                 a.weights_in_memory ? "in memory" : "mmap", huge_pct, bandwidth / 1e9, fresh_bandwidth / 1e9,
@@ -152,13 +312,16 @@ int main(int argc, char** argv) {
     std::printf("  resident weights in 2 MiB pages: %.0f%%\n", huge_pct);
     std::printf("  measured: bandwidth %.1f GB/s reading the weights' memory (%.1f GB/s a fresh buffer), bf16 peak %.1f GFLOPS\n",
                 bandwidth / 1e9, fresh_bandwidth / 1e9, bf16_peak / 1e9);
-    std::printf("  active per token: %.1f MB of weights (%.1fM params), %.1f MB of latent cache at ctx %.0f\n",
-                active.bytes / 1e6, active.params / 1e6, kv_read / 1e6, avg_ctx);
+    std::printf("  bytes per decode token: %.2f MB of weights (%.1fM params) + %.2f MB of state read and written "
+                "(%.2f MB per request) + %.3f MB of latent rows at ctx %.0f = %.2f MB\n",
+                active.bytes / 1e6, active.params / 1e6, state_rw / 1e6, model.state_bytes_per_request() / 1e6,
+                kv_read / 1e6, avg_ctx, decode_bytes / 1e6);
     std::printf("  prefill %lld tokens: %.1f tok/s, roofline %.1f tok/s (%.0f%%), %.1f GFLOP per prompt\n",
                 static_cast<long long>(a.prompt_tokens), prefill_tps, prefill_roof_tps,
-                100 * prefill_tps / prefill_roof_tps, prefill_flops / 1e9);
-    std::printf("  decode: %.2f tok/s, roofline %.2f tok/s (%.0f%%)\n", decode_tps, decode_roof_tps,
-                100 * decode_tps / decode_roof_tps);
+                100 * prefill_tps / prefill_roof_tps, prompt_flops / 1e9);
+    std::printf("  decode: %.2f tok/s, roofline %.2f tok/s (%.0f%%): %.1f GB/s moved, %.0f%% of the measured bandwidth\n",
+                decode_tps, decode_roof_tps, 100 * decode_tps / decode_roof_tps, decode_tps * decode_bytes / 1e9,
+                100 * decode_tps * decode_bytes / bandwidth);
     std::printf("  peak RSS %.0f MiB; checkpoint %.0f MiB + KV %.0f MiB (ratio %.2f)\n", rss, ckpt_mib, kv_mib,
                 rss / (ckpt_mib + kv_mib));
   }

@@ -2,9 +2,13 @@
 # Regenerates BENCHMARKS.md from measurements taken in one run on this machine:
 #   1. kernel microbenchmarks (bench/kernel_bench.cpp): memory read bandwidth and bf16 peak at 1 and
 #      2 threads, and the cpu matmul / MLA attention kernels next to those rooflines;
-#   2. model-level decode and prefill (model_benchmarks below: to be filled in).
+#   2. model-level decode and prefill, serving, speculative decoding and moat serve (below);
+#   3. Kimi Linear (hybrid KDA + MLA, MXFP4 experts) on checkpoints/bench-kimi, generated here when
+#      missing (tools/make_checkpoint.py --preset bench-kimi: ~2.5 minutes, 1.5 GB); ~3.5 minutes
+#      of model_bench on a busy 2-core machine.
 # Run it on an idle machine: anything else running halves these numbers (DESIGN.md, toolchain facts).
-#   bench/run.sh            (BUILD_DIR=build, THREADS=1,2)
+#   bench/run.sh            (BUILD_DIR=build, THREADS=1,2; KIMI=checkpoints/bench-kimi (KIMI= skips
+#                            section 3), KIMI_CONTEXTS=1024,4096,8192, KIMI_CHUNK=2048)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -26,11 +30,16 @@ load_after=$(cut -d' ' -f1 /proc/loadavg)
 #   tools/make_checkpoint.py --preset bench --out checkpoints/bench --shards 4
 #   tools/make_checkpoint.py --preset bench --fp8 --out checkpoints/bench-fp8 --shards 2
 MODELS=${MODELS:-models/k3-nano checkpoints/bench checkpoints/bench-fp8}
+# Kimi-Linear-48B-shaped hybrid (4 layers: KDA x 3 then MLA, 64 routed experts in MXFP4); KIMI= skips it.
+KIMI=${KIMI-checkpoints/bench-kimi}
+if [[ -n "$KIMI" && ! -f "$KIMI/config.json" ]]; then
+  /usr/bin/python3 tools/make_checkpoint.py --preset bench-kimi --out "$KIMI" --shards 3 >/dev/null
+fi
 cmake --build "$BUILD_DIR" --target model_bench -j2 >/dev/null
 # A checkpoint just written (or read with read()) sits in the page cache as small folios, which
 # stay small; dropping it once lets the loader's populate read it back in 2 MiB folios, as after a
 # cold start (GNU dd: iflag=nocache count=0 drops the whole file's cached pages).
-for model in $MODELS; do
+for model in $MODELS $KIMI; do
   for f in "$model"/*.safetensors; do [[ -f "$f" ]] && dd if="$f" iflag=nocache count=0 status=none || true; done
 done
 model_benchmarks() {
@@ -50,6 +59,41 @@ model_benchmarks() {
   done
 }
 model_rows=$(model_benchmarks)
+
+# Kimi Linear (bench/model_bench.cpp on the hybrid): decode bytes per token against the measured
+# bandwidth (weights with MXFP4 experts at their packed size + KDA state read and written + MLA
+# latent rows), and prefill from an empty cache at KIMI_CONTEXTS tokens (the KDA layers' time per
+# token against the MLA layer's), in calls of KIMI_CHUNK tokens. 1k + 4k + 8k took 98 s at one
+# thread on a busy 2-core machine; 32k tokens through the model would take ~8 minutes per thread
+# count (the MLA layer's attention over 32k rows dominates), so the 32k point is kernel_bench's
+# kda_chunked rows. The state per request next to `moat plan`'s figure.
+KIMI_CONTEXTS=${KIMI_CONTEXTS:-1024,4096,8192}
+KIMI_CHUNK=${KIMI_CHUNK:-2048}
+kimi_decode_rows="" kimi_prefill_rows="" kimi_state=""
+if [[ -n "$KIMI" && -f "$KIMI/config.json" ]]; then
+  kimi_start=$(date +%s)
+  for t in ${THREADS//,/ }; do
+    kimi_decode_rows+=$("$BUILD_DIR/model_bench" --model "$KIMI" --threads "$t" --decode-bytes --markdown)$'\n'
+    kimi_prefill_rows+=$("$BUILD_DIR/model_bench" --model "$KIMI" --threads "$t" --contexts "$KIMI_CONTEXTS" \
+      --prefill-chunk "$KIMI_CHUNK" --markdown)$'\n'
+  done
+  cmake --build "$BUILD_DIR" --target moat -j2 >/dev/null
+  # the model's figure: the decode rows' "state B / request" column (model.state_bytes_per_request())
+  kimi_state=$("$BUILD_DIR/moat" plan --model "$KIMI" --context 8192 --concurrency 1 --json |
+    /usr/bin/python3 -c '
+import json, sys
+name, rows = sys.argv[1], sys.argv[2]
+lac = json.load(open(name + "/config.json"))["linear_attn_config"]
+H, K, W, L = lac["num_heads"], lac["head_dim"], lac["short_conv_kernel_size"], len(lac["kda_layers"])
+model = int(rows.splitlines()[0].split("|")[4].strip())
+tp1 = [r for r in json.load(sys.stdin) if r["tp"] == 1]
+plan = round(tp1[0]["state_gb_per_gpu"] * 1e9) if tp1 else None
+same = "yes" if plan == model else "NO"
+print(f"| {name} | {L} KDA layers x (3 x {W - 1} x {H * K} conv inputs + {H} x {K} x {K} state) x 4 B | {model:,} | "
+      f"{plan:,} | {same} |" if plan is not None else f"| {name} | - | {model:,} | no TP 1 row | NO |")
+' "$KIMI" "$kimi_decode_rows")
+  kimi_seconds=$(( $(date +%s) - kimi_start ))
+fi
 
 # Serving throughput through the engine core (bench/engine_bench.cpp): closed loop at each
 # concurrency, prompt 128 + output 64 tokens, next to the decode-step roofline of that batch.
@@ -159,11 +203,11 @@ fi
   echo
   echo "One stream, greedy, random prompt of 512 tokens then 32 decode steps."
   echo "Rooflines are measured inside each row's process: decode = bandwidth / (active weight bytes +"
-  echo "bf16 latent cache read per token), the bandwidth of summing the weights' own memory (every file's"
+  echo "bf16 latent cache read per token + a hybrid's recurrent state read and written), the bandwidth of summing the weights' own memory (every file's"
   echo "mapping, or the --no-mmap copy). On this VM that differs run to run by where the memory landed:"
   echo "a fully 2 MiB-mapped page-cache file has read at 11 GB/s while a fresh buffer read at 16 GB/s (host"
-  echo "paging the guest cannot see); both are shown. prefill = bf16 peak / (2 x active params x 512 + absorbed"
-  echo "attention FLOPs). k3-nano (16 MiB) fits in the caches, so its DRAM roofline is only indicative."
+  echo "paging the guest cannot see); both are shown. prefill = bf16 peak / (2 x active params x 512, the lm_head"
+  echo "once, + absorbed attention FLOPs). k3-nano (16 MiB) fits in the caches, so its DRAM roofline is only indicative."
   echo "RSS ratio = peak RSS / (checkpoint + KV pool); weights are mmapped, not copied."
   echo "\`default\` activations (OpTable::set_exact_activations: per model): fp32-accurate where that is free (decode on"
   echo "bf16 weights: bf16 hi + lo, two dot products per weight vector, still bandwidth-bound), rounded"
@@ -209,6 +253,51 @@ fi
   echo "step is bandwidth-bound and the guesses are cheap and right."
   echo
   echo "$spec_rows"
+  if [[ -n "$kimi_decode_rows" ]]; then
+    echo
+    echo "## Kimi Linear (hybrid KDA + MLA, MXFP4 experts)"
+    echo
+    echo "\`$KIMI\` (tools/make_checkpoint.py --preset bench-kimi, random weights): Kimi-Linear-48B-A3B's layer shapes"
+    echo "(hidden 2304; KDA 32 heads x 128, short conv 4; MLA 32 heads, kv_lora 512, nope / rope / v 128 / 64 / 128, no"
+    echo "q_lora, NoPE; dense intermediate 9216; experts of 1024, top 8 + 1 shared) in 4 layers [KDA + dense MLP, KDA, KDA,"
+    echo "MLA] with 64 routed experts (the 48B has 256) in MXFP4 (compressed-tensors weight_packed + e8m0 weight_scale)"
+    echo "and vocab 32000; everything else bf16. This section took ${kimi_seconds}s."
+    echo
+    echo "Recurrent state per request: what the model allocates (ModelConfig::state_bytes_per_request, the"
+    echo "formula in the second column) against \`moat plan --model $KIMI\` (state per GPU at TP 1, one request)."
+    echo
+    echo "| model | state per request | bytes (model) | bytes (moat plan) | equal |"
+    echo "|---|---|---|---|---|"
+    echo "$kimi_state"
+    echo
+    echo "Decode, one stream, greedy, after a random prompt of 512 tokens (32 timed steps). The roofline is the"
+    echo "bandwidth of the weights' own memory over the bytes one decode token moves: the active weights (routed experts"
+    echo "at 0.5 B per weight + one e8m0 scale per 32, the rest bf16, one embedding row), the KDA state read and written"
+    echo "once (2 x the state per request) and the MLA layer's latent rows at the context (bf16, 576 values). % is"
+    echo "the share of the measured bandwidth the decode moves; the target is >= 85%."
+    echo
+    echo "| model | threads | activations, weights | state B / request | context | weights MB | state read + written MB | latent rows MB | MB / token | GB/s weights' memory / fresh buffer | decode tok/s | roofline | % |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    printf "%s" "$kimi_decode_rows"
+    echo
+    echo "Prefill of N random tokens from an empty cache (fresh state), in forward calls of up to $KIMI_CHUNK tokens as a"
+    echo "chunked-prefill engine runs a long prompt, timed once per N. The per-layer columns come from timestamps at each"
+    echo "layer's output, so a layer's time is its attention plus its MLP / MoE; rest = final norm and lm_head. The KDA"
+    echo "layers' time per token should stay flat in N (fixed-size state, chunked kernel); the MLA layer's grows with N"
+    echo "(attention over every earlier row). Roofline: bf16 peak over 2 x active params per token, the lm_head once per"
+    echo "call, absorbed MLA attention FLOPs and KDA's 7 K V per token and head."
+    echo
+    echo "| model | threads | prompt tokens | prefill tok/s | us / token | KDA layers us / token | MLA layer us / token | rest us / token | roofline tok/s | % |"
+    echo "|---|---|---|---|---|---|---|---|---|---|"
+    printf "%s" "$kimi_prefill_rows"
+    echo
+    echo "The KDA prefill kernel alone at 1k, 8k and 32k tokens (kda_chunked rows of the kernel table above, one"
+    echo "sequence): 32 heads x 128 is one Kimi Linear 48B layer at TP 1, 12 x 128 one Kimi K3 layer per rank at TP 8."
+    echo
+    echo "| measurement | kernel | achieved | roofline | % of roofline |"
+    echo "|---|---|---|---|---|"
+    grep '^| kda_chunked' <<<"$kernels" || true
+  fi
   if [[ -n "$serve_rows" ]]; then
     echo
     echo "## moat serve over HTTP"

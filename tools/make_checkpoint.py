@@ -4,6 +4,7 @@
   tools/make_checkpoint.py --config cfg.json --out DIR [--seed N] [--fp8] [--shards K] [--mtp]
   tools/make_checkpoint.py --preset bench --out checkpoints/bench [--fp8]
   tools/make_checkpoint.py --preset tiny_kimi_linear --out DIR --init fanin
+  tools/make_checkpoint.py --preset bench-kimi --out checkpoints/bench-kimi --shards 3
 
 Writes DIR/config.json and DIR/model.safetensors (or model-0000k-of-0000K.safetensors +
 model.safetensors.index.json). Tensors are generated one at a time (memory stays low even for the
@@ -29,6 +30,12 @@ from fan-in fp32 masters by reference_kimi.encode_mxfp4, with a few groups force
 exponents in K3_EDGE_GROUPS; everything else BF16. A ~ U(K3_A_RANGE), dt_bias ~ U(K3_DT_BIAS_RANGE),
 chosen for the lower-bound gate so that the per-step decays spread like tiny_kimi_linear's
 (1st / 50th / 99th percentile 0.46 / 0.985 / 0.99996 on tiny_k3's input).
+Kimi Linear with MXFP4 routed experts (preset bench-kimi: a Kimi Linear config with tiny_k3's
+compressed-tensors quantization_config): the routed experts' w1/w2/w3 are stored as in K3
+(weight_packed + weight_scale, no edge groups), the rest as for Kimi Linear. Such tensors are encoded
+by encode_mxfp4_fast (thresholds instead of reference_kimi.encode_mxfp4's distance table, ~30x
+faster; checked equal to it on the first rows of the first matrix); preset bench-kimi defaults to
+--init fanin.
 """
 import argparse
 import json
@@ -149,6 +156,35 @@ PRESETS = {
     },
 }
 
+# Kimi-Linear-48B-A3B-shaped benchmark model (bench/run.sh, bench/model_bench.cpp): the 48B config's
+# keys and per-layer shapes (hidden 2304, KDA 32 heads x 128 with conv 4, MLA 32 heads with kv_lora
+# 512 and nope / rope / v 128 / 64 / 128, no q_lora, dense intermediate 9216, experts of 1024, top 8,
+# 1 shared), but 4 layers [KDA, KDA, KDA, MLA], 64 routed experts instead of 256 and vocab 32000
+# instead of 163840; routed experts in MXFP4 with tiny_k3's quantization_config, everything else
+# BF16. 1.48 GB (3 shards of ~495 MB with --shards 3): routed experts 0.72 GB, embeddings + lm_head
+# 0.29 GB, KDA layers 0.23 GB, the dense MLP 0.13 GB, MLA 0.06 GB, shared experts 0.04 GB; a decode
+# token reads ~0.70 GB of it.
+PRESETS["bench-kimi"] = {
+    "architectures": ["KimiLinearForCausalLM"],
+    "auto_map": dict(PRESETS["tiny_kimi_linear"]["auto_map"]),
+    "bos_token_id": 0, "dtype": "bfloat16", "eos_token_id": 1, "first_k_dense_replace": 1,
+    "head_dim": 72, "hidden_act": "silu", "hidden_size": 2304, "initializer_range": 0.02,
+    "intermediate_size": 9216, "kv_lora_rank": 512,
+    "linear_attn_config": {"full_attn_layers": [4], "head_dim": 128, "kda_layers": [1, 2, 3],
+                           "num_heads": 32, "short_conv_kernel_size": 4},
+    "mla_use_nope": True, "model_max_length": 1048576, "model_type": "kimi_linear",
+    "moe_intermediate_size": 1024, "moe_layer_freq": 1, "moe_renormalize": True,
+    "moe_router_activation_func": "sigmoid", "num_attention_heads": 32, "num_expert_group": 1,
+    "num_experts": 64, "num_experts_per_token": 8, "num_hidden_layers": 4, "num_key_value_heads": 32,
+    "num_nextn_predict_layers": 0, "num_shared_experts": 1, "pad_token_id": 2, "q_lora_rank": None,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "quantization_config": json.loads(json.dumps(PRESETS["tiny_k3"]["text_config"]["quantization_config"])),
+    "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000.0, "routed_scaling_factor": 2.446,
+    "tie_word_embeddings": False, "topk_group": 1, "transformers_version": "4.56.0", "use_cache": True,
+    "use_grouped_topk": True, "v_head_dim": 128, "vocab_size": 32000,
+}
+PRESET_INIT = {"bench-kimi": "fanin"}  # --init when not given
+
 FP8_QCONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                "weight_block_size": [128, 128]}
 
@@ -210,10 +246,10 @@ def tensor_specs(cfg, mtp=False):
     return specs
 
 
-def kimi_tensor_specs(cfg):
+def kimi_tensor_specs(cfg, mxfp4_experts=False):
     """[(name, shape, kind)] of a Kimi Linear checkpoint (HF modeling_kimi.py names) in layer order;
     kind as tensor_specs plus conv (q/k/v_conv1d [H*K, 1, W]), a_log ([1, 1, H, 1]) and dt_bias
-    ([H*K])."""
+    ([H*K]); with mxfp4_experts the routed experts' kind is mxfp4 (k3_tensor_specs)."""
     c = cfg
     D, H = c.hidden_size, c.num_attention_heads
     KH, K, W = c.kda_num_heads, c.kda_head_dim, c.conv_kernel
@@ -256,7 +292,13 @@ def kimi_tensor_specs(cfg):
             specs += [(m + "gate.weight", [c.num_experts, D], "gate"),
                       (m + "gate.e_score_correction_bias", [c.num_experts], "bias")]
             for e in range(c.num_experts):
-                specs += mlp(m + "experts.%d." % e, c.moe_intermediate_size, ("w1", "w3", "w2"))
+                x = m + "experts.%d." % e
+                if mxfp4_experts:  # stored as weight_packed + weight_scale (k3_tensor_specs' order)
+                    I = c.moe_intermediate_size
+                    specs += [(x + "w1.weight", [I, D], "mxfp4"), (x + "w2.weight", [D, I], "mxfp4"),
+                              (x + "w3.weight", [I, D], "mxfp4")]
+                else:
+                    specs += mlp(x, c.moe_intermediate_size, ("w1", "w3", "w2"))
             if c.num_shared_experts:
                 specs += mlp(m + "shared_experts.", c.moe_intermediate_size * c.num_shared_experts)
         else:
@@ -380,10 +422,12 @@ def draw(gen, shape, kind, init="0.02", heads=None):
     return std * torch.randn(shape, generator=gen)
 
 
-def mxfp4_master(w, name):
+def mxfp4_master(w, name, edge_groups=True):
     """The fp32 master of a routed expert weight (name ...layers.N.block_sparse_moe.experts.E.wK.weight)
-    with the K3_EDGE_GROUPS groups rescaled to their edge exponent."""
+    with the K3_EDGE_GROUPS groups rescaled to their edge exponent (edge_groups: the K3 presets)."""
     import re
+    if not edge_groups:
+        return w
     m = re.search(r"layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight$", name)
     w = w.clone()
     for (layer, expert, proj, row, group), sbyte in K3_EDGE_GROUPS.items():
@@ -391,6 +435,38 @@ def mxfp4_master(w, name):
             g = w[row, 32 * group:32 * (group + 1)]
             w[row, 32 * group:32 * (group + 1)] = g * (0.9 * 6.0 * 2.0 ** (sbyte - 127) / g.abs().max())
     return w
+
+
+def encode_mxfp4_fast(w):
+    """reference_kimi.encode_mxfp4's result (same exponent rule; nearest e2m1 value, ties to the even
+    code, sign bit kept on -0) without its [out, G, 32, 8] distance table: a / 2^e is exact in fp32
+    (for groups whose a stays a normal float: all but extreme edge exponents),
+    so each code is the number of midpoints 0.25 0.75 1.25 1.75 2.5 3.5 5 that a lies past, a
+    midpoint counting when a exceeds it if the code below it is even, and when a reaches it if odd."""
+    import numpy as np
+    w = np.asarray(w, dtype=np.float32)
+    out, n = w.shape
+    assert n % 32 == 0
+    g = w.reshape(out, n // 32, 32)
+    amax = np.abs(g).max(-1).astype(np.float64)
+    e = np.zeros(amax.shape, dtype=np.int64)
+    nz = amax > 0
+    e[nz] = np.ceil(np.log2(amax[nz] / 6.0)).astype(np.int64)
+    e[nz] += (amax[nz] / np.ldexp(1.0, e[nz]) > 6.0)
+    e[nz] -= (amax[nz] / np.ldexp(1.0, e[nz] - 1) <= 6.0)
+    assert ((e >= -127) & (e <= 127)).all(), "exponent outside e8m0"
+    a = np.abs(g) * np.ldexp(1.0, -e).astype(np.float32)[..., None]  # in [0, 6]
+    code = np.zeros(a.shape, dtype=np.uint8)
+    for mid, even_below in ((0.25, True), (0.75, False), (1.25, True), (1.75, False), (2.5, True), (3.5, False),
+                            (5.0, True)):
+        code += (a > mid) if even_below else (a >= mid)
+    code = (code | (np.signbit(g).astype(np.uint8) << 3)).reshape(out, n)
+    return (code[:, 0::2] | (code[:, 1::2] << 4)).astype(np.uint8), (e + 127).astype(np.uint8)
+
+
+def is_mxfp4_config(d):
+    q = d.get("quantization_config") or {}
+    return q.get("quant_method") == "compressed-tensors" and q.get("format") == "mxfp4-pack-quantized"
 
 
 def make(cfg_dict, out, seed=0, use_fp8=False, shards=1, mtp=False, log=False, init="0.02"):
@@ -406,7 +482,7 @@ def make(cfg_dict, out, seed=0, use_fp8=False, shards=1, mtp=False, log=False, i
     elif is_kimi_config(cfg_dict):
         assert not mtp and not use_fp8, "Kimi Linear: no MTP layer, no FP8 variant"
         cfg = KimiConfig(cfg_dict)
-        specs = kimi_tensor_specs(cfg)
+        specs = kimi_tensor_specs(cfg, mxfp4_experts=is_mxfp4_config(cfg_dict))
     else:
         cfg = Config(cfg_dict)
         specs = tensor_specs(cfg, mtp)
@@ -416,6 +492,19 @@ def make(cfg_dict, out, seed=0, use_fp8=False, shards=1, mtp=False, log=False, i
     # One entry per stored tensor; producers draw lazily IN ORDER (the writer calls them in order).
     entries = []
     heads = getattr(cfg, "kda_num_heads", None)
+    k3 = is_k3_config(cfg_dict)
+    # K3 presets keep the reference encoder (their fixtures were made with it); others use the fast
+    # one, checked once against the reference on the first rows of the first matrix.
+    checked = {"done": k3}
+
+    def encode(w):
+        if k3:
+            return encode_mxfp4(w)
+        if not checked["done"]:
+            ref, fast = encode_mxfp4(w[:16]), encode_mxfp4_fast(w[:16])
+            assert all((x == y).all() for x, y in zip(ref, fast)), "encode_mxfp4_fast disagrees with encode_mxfp4"
+            checked["done"] = True
+        return encode_mxfp4_fast(w)
     for name, shape, kind in specs:
         if kind in F32_KINDS:
             entries.append(Entry(name, "F32", shape, producer=lambda s=shape, k=kind: draw(gen, s, k, init, heads)))
@@ -424,8 +513,8 @@ def make(cfg_dict, out, seed=0, use_fp8=False, shards=1, mtp=False, log=False, i
             cache = {}
 
             def prod_packed(s=shape, name=name, cache=cache):
-                w = mxfp4_master(draw(gen, s, "linear", init), name)
-                cache["p"], cache["s"] = encode_mxfp4(w.numpy())
+                w = mxfp4_master(draw(gen, s, "linear", init), name, edge_groups=k3)
+                cache["p"], cache["s"] = encode(w.numpy())
                 return torch.from_numpy(cache.pop("p"))
 
             entries.append(Entry(name + "_packed", "U8", [o, i // 2], producer=prod_packed))
@@ -492,7 +581,8 @@ def main():
     ap.add_argument("--fp8", action="store_true")
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--mtp", action="store_true")
-    ap.add_argument("--init", default="0.02", help='matrix init std, or "fanin" (1/sqrt(in))')
+    ap.add_argument("--init", default=None,
+                    help='matrix init std, or "fanin" (1/sqrt(in)); default 0.02 (bench-kimi: fanin)')
     a = ap.parse_args()
     if a.preset:
         cfg = PRESETS[a.preset]
@@ -502,7 +592,8 @@ def main():
     else:
         ap.error("--config or --preset")
     torch.set_num_threads(1)
-    make(cfg, a.out, a.seed, a.fp8, a.shards, a.mtp, log=True, init=a.init)
+    init = a.init or PRESET_INIT.get(a.preset, "0.02")
+    make(cfg, a.out, a.seed, a.fp8, a.shards, a.mtp, log=True, init=init)
     print("wrote", a.out)
 
 
