@@ -83,9 +83,13 @@ struct Tally {
     const bool routed = w.part == Part::routed_expert;
     for (int i = 0; i < kNumPrecisions; ++i) {
       // Only Linear weights take the storage precision; embeddings, lm_head, norms and routers
-      // stay bf16, as in the published FP8 and INT4 checkpoints.
-      const double b = w.storage == TensorStorage::matrix ? matrix_bytes(w.shape[0], w.shape[1], static_cast<Precision>(i))
-                                                          : 2 * n;
+      // stay bf16, as in the published FP8 and INT4 checkpoints. The 4-bit formats quantize the
+      // routed experts only (Kimi K2-Thinking's INT4, Kimi K3's MXFP4): attention, shared
+      // experts, dense MLPs and K3's latent projections stay bf16.
+      const Precision p = static_cast<Precision>(i);
+      const bool four_bit = p == Precision::mxfp4 || p == Precision::int4;
+      const bool takes_precision = w.storage == TensorStorage::matrix && (!four_bit || routed);
+      const double b = takes_precision ? matrix_bytes(w.shape[0], w.shape[1], p) : 2 * n;
       bytes[i] += b;
       if (streamed) active_bytes[i] += b;
       if (routed) routed_bytes[i] += b;
