@@ -9,6 +9,9 @@
 # Run it on an idle machine: anything else running halves these numbers (DESIGN.md, toolchain facts).
 #   bench/run.sh            (BUILD_DIR=build, THREADS=1,2; KIMI=checkpoints/bench-kimi (KIMI= skips
 #                            section 3), KIMI_CONTEXTS=1024,4096,8192, KIMI_CHUNK=2048)
+#   ONLY=kimi bench/run.sh  reruns section 3 alone (its kernel rows with kernel_bench --kda-only, which
+#                            measures the bandwidth and peak probes again) and replaces that section of
+#                            the existing BENCHMARKS.md (between its marker comments) in place
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -18,8 +21,13 @@ OUT=${OUT:-BENCHMARKS.md}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD_DIR" --target kernel_bench -j2 >/dev/null
 
+ONLY=${ONLY:-}
 load_before=$(cut -d' ' -f1 /proc/loadavg)
-kernels=$("$BUILD_DIR/kernel_bench" --threads "$THREADS" --markdown)
+if [[ "$ONLY" == kimi ]]; then
+  kernels=$("$BUILD_DIR/kernel_bench" --threads "$THREADS" --kda-only --markdown)
+else
+  kernels=$("$BUILD_DIR/kernel_bench" --threads "$THREADS" --markdown)
+fi
 load_after=$(cut -d' ' -f1 /proc/loadavg)
 
 # Model-level numbers (bench/model_bench.cpp, one process per row so peak RSS is that row's own):
@@ -58,7 +66,8 @@ model_benchmarks() {
     done
   done
 }
-model_rows=$(model_benchmarks)
+model_rows=""
+[[ "$ONLY" == kimi ]] || model_rows=$(model_benchmarks)
 
 # Kimi Linear (bench/model_bench.cpp on the hybrid): decode bytes per token against the measured
 # bandwidth (weights with MXFP4 experts at their packed size + KDA state read and written + MLA
@@ -93,6 +102,76 @@ print(f"| {name} | {L} KDA layers x (3 x {W - 1} x {H * K} conv inputs + {H} x {
       f"{plan:,} | {same} |" if plan is not None else f"| {name} | - | {model:,} | no TP 1 row | NO |")
 ' "$KIMI" "$kimi_decode_rows")
   kimi_seconds=$(( $(date +%s) - kimi_start ))
+fi
+
+kimi_section() {
+  echo "<!-- bench/run.sh section: kimi (ONLY=kimi bench/run.sh regenerates it alone) -->"
+  echo
+  echo "## Kimi Linear (hybrid KDA + MLA, MXFP4 experts)"
+  echo
+  echo "\`$KIMI\` (tools/make_checkpoint.py --preset bench-kimi, random weights): Kimi-Linear-48B-A3B's layer shapes"
+  echo "(hidden 2304; KDA 32 heads x 128, short conv 4; MLA 32 heads, kv_lora 512, nope / rope / v 128 / 64 / 128, no"
+  echo "q_lora, NoPE; dense intermediate 9216; experts of 1024, top 8 + 1 shared) in 4 layers [KDA + dense MLP, KDA, KDA,"
+  echo "MLA] with 64 routed experts (the 48B has 256) in MXFP4 (compressed-tensors weight_packed + e8m0 weight_scale)"
+  echo "and vocab 32000; everything else bf16. This section took ${kimi_seconds}s."
+  echo
+  echo "Recurrent state per request: what the model allocates (ModelConfig::state_bytes_per_request, the"
+  echo "formula in the second column) against \`moat plan --model $KIMI\` (state per GPU at TP 1, one request)."
+  echo
+  echo "| model | state per request | bytes (model) | bytes (moat plan) | equal |"
+  echo "|---|---|---|---|---|"
+  echo "$kimi_state"
+  echo
+  echo "Decode, one stream, greedy, after a random prompt of 512 tokens (32 timed steps). The roofline is the"
+  echo "bandwidth of the weights' own memory over the bytes one decode token moves: the active weights (routed experts"
+  echo "at 0.5 B per weight + one e8m0 scale per 32, the rest bf16, one embedding row), the KDA state read and written"
+  echo "once (2 x the state per request) and the MLA layer's latent rows at the context (bf16, 576 values). % is"
+  echo "the share of the measured bandwidth the decode moves; the target is >= 85%."
+  echo
+  echo "| model | threads | activations, weights | state B / request | context | weights MB | state read + written MB | latent rows MB | MB / token | GB/s weights' memory / fresh buffer | decode tok/s | roofline | % |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  printf "%s" "$kimi_decode_rows"
+  echo
+  echo "Prefill of N random tokens from an empty cache (fresh state), in forward calls of up to $KIMI_CHUNK tokens as a"
+  echo "chunked-prefill engine runs a long prompt, timed once per N. The per-layer columns come from timestamps at each"
+  echo "layer's output, so a layer's time is its attention plus its MLP / MoE; rest = final norm and lm_head. The KDA"
+  echo "layers' time per token should stay flat in N (fixed-size state, chunked kernel); the MLA layer's grows with N"
+  echo "(attention over every earlier row). Roofline: bf16 peak over 2 x active params per token, the lm_head once per"
+  echo "call, absorbed MLA attention FLOPs and KDA's 7 K V per token and head."
+  echo
+  echo "| model | threads | prompt tokens | prefill tok/s | us / token | KDA layers us / token | MLA layer us / token | rest us / token | roofline tok/s | % |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
+  printf "%s" "$kimi_prefill_rows"
+  echo
+  echo "The KDA prefill kernel alone at 1k, 8k and 32k tokens (kda_chunked rows of the kernel table above, one"
+  echo "sequence): 32 heads x 128 is one Kimi Linear 48B layer at TP 1, 12 x 128 one Kimi K3 layer per rank at TP 8."
+  echo
+  echo "| measurement | kernel | achieved | roofline | % of roofline |"
+  echo "|---|---|---|---|---|"
+  grep '^| kda_chunked' <<<"$kernels" || true
+  echo
+  echo "<!-- end of section: kimi -->"
+}
+
+if [[ "$ONLY" == kimi ]]; then
+  [[ -n "$kimi_decode_rows" ]] || { echo "ONLY=kimi: no Kimi checkpoint at '$KIMI'" >&2; exit 1; }
+  kimi_section > "$OUT.kimi"
+  /usr/bin/python3 - "$OUT" "$OUT.kimi" <<'PY'
+import re, sys
+out, part = sys.argv[1], open(sys.argv[2]).read()
+text = open(out).read()
+marked = re.compile(r"<!-- bench/run.sh section: kimi.*?<!-- end of section: kimi -->\n", re.S)
+if marked.search(text):
+    text = marked.sub(lambda m: part, text)
+elif "\n## moat serve over HTTP" in text:
+    text = text.replace("\n## moat serve over HTTP", "\n" + part + "\n## moat serve over HTTP", 1)
+else:
+    text = text.rstrip("\n") + "\n\n" + part
+open(out, "w").write(text)
+PY
+  rm -f "$OUT.kimi"
+  echo "replaced the Kimi section of $OUT (load average $load_before before the kernel probes, $load_after after)"
+  exit 0
 fi
 
 # Serving throughput through the engine core (bench/engine_bench.cpp): closed loop at each
@@ -254,49 +333,7 @@ fi
   echo
   echo "$spec_rows"
   if [[ -n "$kimi_decode_rows" ]]; then
-    echo
-    echo "## Kimi Linear (hybrid KDA + MLA, MXFP4 experts)"
-    echo
-    echo "\`$KIMI\` (tools/make_checkpoint.py --preset bench-kimi, random weights): Kimi-Linear-48B-A3B's layer shapes"
-    echo "(hidden 2304; KDA 32 heads x 128, short conv 4; MLA 32 heads, kv_lora 512, nope / rope / v 128 / 64 / 128, no"
-    echo "q_lora, NoPE; dense intermediate 9216; experts of 1024, top 8 + 1 shared) in 4 layers [KDA + dense MLP, KDA, KDA,"
-    echo "MLA] with 64 routed experts (the 48B has 256) in MXFP4 (compressed-tensors weight_packed + e8m0 weight_scale)"
-    echo "and vocab 32000; everything else bf16. This section took ${kimi_seconds}s."
-    echo
-    echo "Recurrent state per request: what the model allocates (ModelConfig::state_bytes_per_request, the"
-    echo "formula in the second column) against \`moat plan --model $KIMI\` (state per GPU at TP 1, one request)."
-    echo
-    echo "| model | state per request | bytes (model) | bytes (moat plan) | equal |"
-    echo "|---|---|---|---|---|"
-    echo "$kimi_state"
-    echo
-    echo "Decode, one stream, greedy, after a random prompt of 512 tokens (32 timed steps). The roofline is the"
-    echo "bandwidth of the weights' own memory over the bytes one decode token moves: the active weights (routed experts"
-    echo "at 0.5 B per weight + one e8m0 scale per 32, the rest bf16, one embedding row), the KDA state read and written"
-    echo "once (2 x the state per request) and the MLA layer's latent rows at the context (bf16, 576 values). % is"
-    echo "the share of the measured bandwidth the decode moves; the target is >= 85%."
-    echo
-    echo "| model | threads | activations, weights | state B / request | context | weights MB | state read + written MB | latent rows MB | MB / token | GB/s weights' memory / fresh buffer | decode tok/s | roofline | % |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-    printf "%s" "$kimi_decode_rows"
-    echo
-    echo "Prefill of N random tokens from an empty cache (fresh state), in forward calls of up to $KIMI_CHUNK tokens as a"
-    echo "chunked-prefill engine runs a long prompt, timed once per N. The per-layer columns come from timestamps at each"
-    echo "layer's output, so a layer's time is its attention plus its MLP / MoE; rest = final norm and lm_head. The KDA"
-    echo "layers' time per token should stay flat in N (fixed-size state, chunked kernel); the MLA layer's grows with N"
-    echo "(attention over every earlier row). Roofline: bf16 peak over 2 x active params per token, the lm_head once per"
-    echo "call, absorbed MLA attention FLOPs and KDA's 7 K V per token and head."
-    echo
-    echo "| model | threads | prompt tokens | prefill tok/s | us / token | KDA layers us / token | MLA layer us / token | rest us / token | roofline tok/s | % |"
-    echo "|---|---|---|---|---|---|---|---|---|---|"
-    printf "%s" "$kimi_prefill_rows"
-    echo
-    echo "The KDA prefill kernel alone at 1k, 8k and 32k tokens (kda_chunked rows of the kernel table above, one"
-    echo "sequence): 32 heads x 128 is one Kimi Linear 48B layer at TP 1, 12 x 128 one Kimi K3 layer per rank at TP 8."
-    echo
-    echo "| measurement | kernel | achieved | roofline | % of roofline |"
-    echo "|---|---|---|---|---|"
-    grep '^| kda_chunked' <<<"$kernels" || true
+    kimi_section
   fi
   if [[ -n "$serve_rows" ]]; then
     echo
