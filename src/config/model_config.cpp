@@ -251,25 +251,28 @@ Result<QuantizationConfig> parse_quantization(const json& j) {
   return q;
 }
 
+// An optional integer field whose explicit null means `if_null` (HF's None disables a feature:
+// no MoE, one expert group).
+Status read_nullable(const json& j, const char* key, int64_t* out, int64_t if_null) {
+  if (auto it = j.find(key); it != j.end() && it->is_null()) {
+    *out = if_null;
+    return ok_status();
+  }
+  return read_int(j, key, out);
+}
+
 // Kimi Linear's spellings of the MoE fields, its MLA switch and linear_attn_config.
 Status read_kimi_linear_fields(const json& j, ModelConfig& c) {
-  auto read_nullable = [&](const char* key, int64_t* out, int64_t if_null) -> Status {
-    if (auto it = j.find(key); it != j.end() && it->is_null()) {
-      *out = if_null;
-      return ok_status();
-    }
-    return read_int(j, key, out);
-  };
-  MOAT_TRY(read_nullable("num_experts", &c.n_routed_experts, 0));
-  MOAT_TRY(read_nullable("num_experts_per_token", &c.num_experts_per_tok, 0));
-  MOAT_TRY(read_nullable("num_shared_experts", &c.n_shared_experts, 0));
-  MOAT_TRY(read_nullable("moe_intermediate_size", &c.moe_intermediate_size, 0));
+  MOAT_TRY(read_nullable(j, "num_experts", &c.n_routed_experts, 0));
+  MOAT_TRY(read_nullable(j, "num_experts_per_token", &c.num_experts_per_tok, 0));
+  MOAT_TRY(read_nullable(j, "num_shared_experts", &c.n_shared_experts, 0));
+  MOAT_TRY(read_nullable(j, "moe_intermediate_size", &c.moe_intermediate_size, 0));
   MOAT_TRY(read_bool(j, "moe_renormalize", &c.norm_topk_prob));
   MOAT_TRY(read_string(j, "moe_router_activation_func", &c.scoring_func));
   bool grouped = true;
   MOAT_TRY(read_bool(j, "use_grouped_topk", &grouped));
-  MOAT_TRY(read_nullable("num_expert_group", &c.n_group, 1));
-  MOAT_TRY(read_nullable("topk_group", &c.topk_group, 1));
+  MOAT_TRY(read_nullable(j, "num_expert_group", &c.n_group, 1));
+  MOAT_TRY(read_nullable(j, "topk_group", &c.topk_group, 1));
   if (!grouped) c.n_group = c.topk_group = 1;  // plain top-k over all experts
   // The router selects with e_score_correction_bias and weights by the unbiased sigmoid scores
   // (vLLM and sglang; ../shared/K3.md): DeepSeek-V3's noaux_tc. A softmax router has no bias.
@@ -656,18 +659,11 @@ Result<ModelConfig> parse_model_config(const nlohmann::json& j) {
 
   // MoE. In V2 configs null means "no MoE" / "no groups", which the defaults already say; in a V3
   // config a null here is read the same way (None disables the feature in HF's modeling code).
-  auto read_nullable = [&](const char* key, int64_t* out, int64_t if_null) -> Status {
-    if (auto it = j.find(key); it != j.end() && it->is_null()) {
-      *out = if_null;
-      return ok_status();
-    }
-    return read_int(j, key, out);
-  };
-  MOAT_TRY(read_nullable("n_routed_experts", &c.n_routed_experts, 0));
-  MOAT_TRY(read_nullable("n_shared_experts", &c.n_shared_experts, 0));
-  MOAT_TRY(read_nullable("num_experts_per_tok", &c.num_experts_per_tok, 0));
-  MOAT_TRY(read_nullable("n_group", &c.n_group, 1));
-  MOAT_TRY(read_nullable("topk_group", &c.topk_group, 1));
+  MOAT_TRY(read_nullable(j, "n_routed_experts", &c.n_routed_experts, 0));
+  MOAT_TRY(read_nullable(j, "n_shared_experts", &c.n_shared_experts, 0));
+  MOAT_TRY(read_nullable(j, "num_experts_per_tok", &c.num_experts_per_tok, 0));
+  MOAT_TRY(read_nullable(j, "n_group", &c.n_group, 1));
+  MOAT_TRY(read_nullable(j, "topk_group", &c.topk_group, 1));
   MOAT_TRY(read_int(j, "first_k_dense_replace", &c.first_k_dense_replace));
   MOAT_TRY(read_int(j, "moe_layer_freq", &c.moe_layer_freq));
   MOAT_TRY(read_double(j, "routed_scaling_factor", &c.routed_scaling_factor));

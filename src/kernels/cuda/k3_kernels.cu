@@ -15,19 +15,11 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_check.cuh"
 
 namespace moat::ops::cuda {
 namespace {
 
-#define MOAT_K3_CUDA_OK(expr)                                                                    \
-  do {                                                                                           \
-    cudaError_t err_ = (expr);                                                                   \
-    if (err_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s:%d: CUDA error %s: %s\n", __FILE__, __LINE__, #expr,             \
-                   cudaGetErrorString(err_));                                                    \
-      std::abort();                                                                              \
-    }                                                                                            \
-  } while (0)
 
 constexpr int kThreads = 256;
 constexpr int kInlineRows = 32;
@@ -114,13 +106,13 @@ __global__ void attn_res_mix_kernel(AttnResParams a) {
 void situ_mul(const float* gate, const float* up, int64_t T, int64_t n, float beta, float linear_beta, float* y) {
   if (T * n == 0) return;
   situ_mul_kernel<<<blocks_for(T * n), kThreads>>>(gate, up, T * n, beta, linear_beta, y);
-  MOAT_K3_CUDA_OK(cudaGetLastError());
+  MOAT_CUDA_OK(cudaGetLastError());
 }
 
 void sigmoid_mul(const float* x, const float* gate, int64_t n, float* y) {
   if (n == 0) return;
   sigmoid_mul_kernel<<<blocks_for(n), kThreads>>>(x, gate, n, y);
-  MOAT_K3_CUDA_OK(cudaGetLastError());
+  MOAT_CUDA_OK(cudaGetLastError());
 }
 
 void attn_res_mix(const AttnResMixArgs& a) {
@@ -143,15 +135,15 @@ void attn_res_mix(const AttnResMixArgs& a) {
     static const float** dev_rows = nullptr;
     static int64_t capacity = 0;
     if (a.num_rows > capacity) {
-      if (dev_rows) MOAT_K3_CUDA_OK(cudaFree(dev_rows));
-      MOAT_K3_CUDA_OK(cudaMalloc(&dev_rows, sizeof(const float*) * a.num_rows));
+      if (dev_rows) MOAT_CUDA_OK(cudaFree(dev_rows));
+      MOAT_CUDA_OK(cudaMalloc(&dev_rows, sizeof(const float*) * a.num_rows));
       capacity = a.num_rows;
     }
-    MOAT_K3_CUDA_OK(cudaMemcpy(dev_rows, a.rows, sizeof(const float*) * a.num_rows, cudaMemcpyHostToDevice));
+    MOAT_CUDA_OK(cudaMemcpy(dev_rows, a.rows, sizeof(const float*) * a.num_rows, cudaMemcpyHostToDevice));
     p.dev_rows = dev_rows;
   }
   attn_res_mix_kernel<<<static_cast<unsigned>(a.num_tokens), kThreads, sizeof(double) * a.num_rows>>>(p);
-  MOAT_K3_CUDA_OK(cudaGetLastError());
+  MOAT_CUDA_OK(cudaGetLastError());
 }
 
 }  // namespace moat::ops::cuda

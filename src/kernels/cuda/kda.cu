@@ -26,6 +26,7 @@
 #include <cstdlib>
 
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_check.cuh"
 #include "ops/registry.h"
 
 namespace moat::ops::cuda {
@@ -36,15 +37,6 @@ constexpr int64_t kMaxKdaHeadDim = 256;
 
 namespace {
 
-#define KDA_CUDA_OK(expr)                                                                     \
-  do {                                                                                        \
-    cudaError_t err_ = (expr);                                                                \
-    if (err_ != cudaSuccess) {                                                                \
-      std::fprintf(stderr, "%s:%d: CUDA error %s: %s\n", __FILE__, __LINE__, #expr,          \
-                   cudaGetErrorString(err_));                                                 \
-      std::abort();                                                                           \
-    }                                                                                         \
-  } while (0)
 
 constexpr int kThreads = 256;
 constexpr int kRowWarps = kThreads / 32;  // warps splitting the state rows
@@ -410,7 +402,7 @@ void launch_chunked(const KdaArgs& a, dim3 grid) {
   const size_t bytes = sizeof(float) * chunked_smem_floats(a.head_k);
   static size_t opted_in = 48 << 10;  // past the default 48 KiB, once per instantiation
   if (bytes > opted_in) {
-    KDA_CUDA_OK(cudaFuncSetAttribute(kda_chunked_kernel<kPer>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    MOAT_CUDA_OK(cudaFuncSetAttribute(kda_chunked_kernel<kPer>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(bytes)));
     opted_in = bytes;
   }
@@ -436,31 +428,31 @@ void short_conv(const ShortConvArgs& a) {
   const dim3 grid(static_cast<unsigned>((a.channels + 127) / 128), static_cast<unsigned>(a.num_seqs),
                   static_cast<unsigned>((a.num_tokens + kConvTokens - 1) / kConvTokens));
   short_conv_kernel<<<grid, 128>>>(a);
-  KDA_CUDA_OK(cudaGetLastError());
+  MOAT_CUDA_OK(cudaGetLastError());
   if (a.step_states != nullptr) {  // up to one block row per token of the call
     const int64_t rows = a.num_tokens < 65535 ? a.num_tokens : 65535;  // gridDim.z's limit
     short_conv_steps_kernel<<<dim3(static_cast<unsigned>((a.channels + 127) / 128), static_cast<unsigned>(a.num_seqs),
                                    static_cast<unsigned>(rows)),
                               128>>>(a);
-    KDA_CUDA_OK(cudaGetLastError());
+    MOAT_CUDA_OK(cudaGetLastError());
   }
   short_conv_state_kernel<<<dim3(static_cast<unsigned>((a.channels + 127) / 128), static_cast<unsigned>(a.num_seqs)),
                             128>>>(a);
-  KDA_CUDA_OK(cudaGetLastError());
+  MOAT_CUDA_OK(cudaGetLastError());
 }
 
 void kda_gate(const KdaGateArgs& a) {
   const int64_t n = a.num_tokens * a.num_heads * a.head_dim;
   if (n == 0) return;
   kda_gate_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads>>>(a);
-  KDA_CUDA_OK(cudaGetLastError());
+  MOAT_CUDA_OK(cudaGetLastError());
 }
 
 void gated_rms_norm(const GatedRmsNormArgs& a) {
   const int64_t rows = a.num_tokens * a.num_heads;
   if (rows == 0) return;
   gated_rms_norm_kernel<<<static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps), kThreads>>>(a);
-  KDA_CUDA_OK(cudaGetLastError());
+  MOAT_CUDA_OK(cudaGetLastError());
 }
 
 void kda_recurrent(const KdaArgs& a) {
@@ -470,7 +462,7 @@ void kda_recurrent(const KdaArgs& a) {
     launch_recurrent<true>(a, grid);
   else
     launch_recurrent<false>(a, grid);
-  KDA_CUDA_OK(cudaGetLastError());
+  MOAT_CUDA_OK(cudaGetLastError());
 }
 
 void kda_chunked(const KdaArgs& a) {
@@ -488,7 +480,7 @@ void kda_chunked(const KdaArgs& a) {
     case 16: launch_chunked<16>(a, grid); break;
     default: launch_chunked<32>(a, grid); break;
   }
-  KDA_CUDA_OK(cudaGetLastError());
+  MOAT_CUDA_OK(cudaGetLastError());
 }
 
 }  // namespace moat::ops::cuda

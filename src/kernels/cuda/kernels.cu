@@ -22,19 +22,11 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_check.cuh"
 
 namespace moat::ops::cuda {
 namespace {
 
-#define MOAT_CUDA_OK(expr)                                                                    \
-  do {                                                                                        \
-    cudaError_t err_ = (expr);                                                                \
-    if (err_ != cudaSuccess) {                                                                \
-      std::fprintf(stderr, "%s:%d: CUDA error %s: %s\n", __FILE__, __LINE__, #expr,          \
-                   cudaGetErrorString(err_));                                                 \
-      std::abort();                                                                           \
-    }                                                                                         \
-  } while (0)
 #define MOAT_CUBLAS_OK(expr)                                                                  \
   do {                                                                                        \
     cublasStatus_t st_ = (expr);                                                              \
