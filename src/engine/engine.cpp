@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <random>
 #include <sstream>
 
+#include "loader/safetensors.h"
 #include "runner/model_runner.h"
 #include "spec/draft_proposer.h"
 #include "spec/mtp_proposer.h"
@@ -14,15 +14,8 @@
 
 namespace moat {
 
-int64_t available_memory_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  int64_t kib = 0;
-  std::string unit;
-  while (f >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return 0;
-}
+// The loader's reading of MemAvailable, so tests can fake it for both (set_mem_available_for_testing).
+int64_t available_memory_bytes() { return static_cast<int64_t>(mem_available_bytes()); }
 
 Engine::Engine(DeepseekModel& model, const EngineConfig& config, const Tokenizer* tokenizer)
     : model_(model), config_(config), tokenizer_(tokenizer), sampler_(model.ops()) {}
@@ -59,6 +52,14 @@ Result<std::unique_ptr<Engine>> Engine::create(DeepseekModel& model, const Engin
         bytes, num_blocks, c.block_size, per_token, c.max_model_len, blocks_per_context * per_block,
         available > 0 ? fmt::format(", {} bytes of memory available", available) : std::string());
   if (num_blocks > INT32_MAX) return make_error("--kv-memory {} bytes is more blocks than block ids can name", bytes);
+  // Hybrid models keep a recurrent state per running request (Kimi K3: 0.46 GB each), all of which
+  // may be touched at once: refuse now, with the numbers, rather than be killed for memory later.
+  const int64_t state_bytes = model.state_bytes_per_request() * c.max_num_seqs;
+  if (state_bytes > 0 && available > 0 && bytes + state_bytes > available)
+    return make_error(
+        "{} running requests (--max-num-seqs) keep {} bytes of recurrent state each, {} bytes in all, which with the "
+        "KV cache's {} bytes exceeds the {} bytes of memory available; lower --max-num-seqs or --kv-memory",
+        c.max_num_seqs, model.state_bytes_per_request(), state_bytes, bytes, available);
 
   std::unique_ptr<Proposer> proposer;
   if (const SpeculativeConfig& sp = c.speculative; sp.enabled()) {

@@ -149,7 +149,8 @@ class Engine {
   EngineStats stats_;
 };
 
-// MemAvailable from /proc/meminfo, in bytes (0 when unknown).
+// MemAvailable from /proc/meminfo, in bytes (0 when unknown); the loader's figure, which tests
+// can fake (loader/safetensors.h set_mem_available_for_testing).
 int64_t available_memory_bytes();
 
 }  // namespace moat

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "engine/engine.h"
+#include "loader/safetensors.h"
 #include "spec/draft_proposer.h"
 #include "spec/proposer.h"
 #include "run_engine.h"
@@ -85,6 +86,28 @@ TEST_F(KimiLinearEngineTest, BatchedChunkedAndPreemptedRequestsGenerateWhatEachG
   done = testing::run_to_completion(*tight);
   EXPECT_GT(tight->scheduler().num_preemptions(), 0);
   for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(done[ids[i]].tokens, alone[i]) << "request " << i;
+}
+
+// Every running request may touch its state slot at once: a --max-num-seqs whose states do not fit
+// beside the KV cache is refused at creation with the numbers, not killed for memory later.
+TEST_F(KimiLinearEngineTest, StateSlotsBeyondTheAvailableMemoryAreRefusedAtCreation) {
+  const int64_t state = model_->state_bytes_per_request();
+  const int64_t kv = 8 << 20;
+  set_mem_available_for_testing(static_cast<uint64_t>(kv + 10 * state));
+  EngineConfig c;
+  c.max_model_len = 128;
+  c.kv_memory_bytes = kv;
+  c.max_num_seqs = 16;
+  auto refused = Engine::create(*model_, c, nullptr);
+  c.max_num_seqs = 8;
+  auto fits = Engine::create(*model_, c, nullptr);
+  set_mem_available_for_testing(std::nullopt);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("16 running requests (--max-num-seqs) keep " + std::to_string(state) +
+                                         " bytes of recurrent state each"),
+            std::string::npos)
+      << refused.error().message;
+  EXPECT_TRUE(fits.ok()) << fits.error().message;
 }
 
 // A prefix hit would skip tokens whose contribution to the state is not stored: the scheduler
