@@ -34,6 +34,7 @@ constexpr double kBf16 = 2e-2;
 
 using testing::normalized_error;
 using testing::randn;
+using testing::fn_of;
 
 // A weight in its stored dtype; owns its bytes (the WeightMatrix points into them).
 struct OwnedWeight {
@@ -113,11 +114,6 @@ OpTable cpu_table(bool exact) {
   EXPECT_TRUE(t.ok()) << t.error().message;
   t->set_exact_activations(exact);
   return std::move(t).value();
-}
-
-template <typename Fn>
-Fn fn_of(const KernelEntry* k) {
-  return reinterpret_cast<Fn>(k->fn);
 }
 
 std::vector<const KernelEntry*> host_composites(OpId op, DType dtype) {

@@ -49,23 +49,13 @@ constexpr double kMoeBf16 = 2e-2;
 
 using testing::normalized_error;
 using testing::randn;
+using testing::fn_of;
 
 const Registry& reg() { return Registry::global(); }
 
-template <typename Fn>
-Fn fn_of(const KernelEntry* k) {
-  return reinterpret_cast<Fn>(k->fn);
-}
-
 // The reference kernel first, then every cpu kernel this CPU runs; reports the ones skipped.
 std::vector<const KernelEntry*> host_kernels(OpId op) {
-  std::vector<const KernelEntry*> out;
-  for (Backend b : {Backend::reference, Backend::cpu})
-    for (const KernelEntry* k : reg().kernels(op, b)) {
-      const auto reasons = k->constraints.check({});
-      if (reasons.empty()) out.push_back(k);
-      else std::printf("  [not supported here] %s: %s\n", k->name.c_str(), reasons[0].c_str());
-    }
+  std::vector<const KernelEntry*> out = testing::host_kernels(op, {});
   EXPECT_FALSE(out.empty());
   if (!out.empty()) {
     EXPECT_EQ(out.front()->backend, Backend::reference) << op_name(op);

@@ -35,27 +35,10 @@ constexpr double kExact = 1e-5;
 
 using testing::normalized_error;
 using testing::randn;
+using testing::fn_of;
+using testing::host_kernels;
 
 const Registry& reg() { return Registry::global(); }
-
-template <typename Fn>
-Fn fn_of(const KernelEntry* k) {
-  return reinterpret_cast<Fn>(k->fn);
-}
-
-// Kernels of the host backends that accept `shape` on this CPU, the reference kernel first.
-std::vector<const KernelEntry*> host_kernels(OpId op, const OpShape& shape) {
-  std::vector<const KernelEntry*> out;
-  for (Backend b : {Backend::reference, Backend::cpu})
-    for (const KernelEntry* k : reg().kernels(op, b)) {
-      auto reasons = k->constraints.check(shape);
-      if (reasons.empty())
-        out.push_back(k);
-      else
-        std::printf("  [not supported here] %s: %s\n", k->name.c_str(), reasons[0].c_str());
-    }
-  return out;
-}
 
 const KernelEntry* reference_kernel(OpId op) { return reg().kernels(op, Backend::reference).front(); }
 

@@ -42,26 +42,8 @@ const Registry& reg() { return Registry::global(); }
 
 using testing::normalized_error;
 using testing::randn;
-
-template <typename Fn>
-Fn fn_of(const KernelEntry* k) {
-  return reinterpret_cast<Fn>(k->fn);
-}
-
-// Kernels of the host backends (their memory is host memory) that accept `shape` on this CPU;
-// the reference kernel is first. Reports the ones skipped.
-std::vector<const KernelEntry*> host_kernels(OpId op, const OpShape& shape) {
-  std::vector<const KernelEntry*> out;
-  for (Backend b : {Backend::reference, Backend::cpu})
-    for (const KernelEntry* k : reg().kernels(op, b)) {
-      auto reasons = k->constraints.check(shape);
-      if (reasons.empty())
-        out.push_back(k);
-      else
-        std::printf("  [not supported here] %s: %s\n", k->name.c_str(), reasons[0].c_str());
-    }
-  return out;
-}
+using testing::fn_of;
+using testing::host_kernels;
 
 const KernelEntry* reference_kernel(OpId op) {
   auto ks = reg().kernels(op, Backend::reference);

@@ -1,10 +1,14 @@
-// What the op parity tests share: the error measure they hold kernels to and their random inputs.
+// What the op parity tests share: the error measure they hold kernels to, their random inputs, and
+// the kernels of the host backends a shape runs on.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <vector>
+
+#include "ops/registry.h"
 
 namespace moat::ops::testing {
 
@@ -25,6 +29,26 @@ inline std::vector<float> randn(size_t n, std::mt19937& rng, float stddev = 1.0f
   std::vector<float> v(n);
   for (float& x : v) x = dist(rng);
   return v;
+}
+
+template <typename Fn>
+Fn fn_of(const KernelEntry* k) {
+  return reinterpret_cast<Fn>(k->fn);
+}
+
+// Kernels of the host backends (their memory is host memory) that accept `shape` on this CPU;
+// the reference kernel is first. Reports the ones skipped.
+inline std::vector<const KernelEntry*> host_kernels(OpId op, const OpShape& shape) {
+  std::vector<const KernelEntry*> out;
+  for (Backend b : {Backend::reference, Backend::cpu})
+    for (const KernelEntry* k : Registry::global().kernels(op, b)) {
+      auto reasons = k->constraints.check(shape);
+      if (reasons.empty())
+        out.push_back(k);
+      else
+        std::printf("  [not supported here] %s: %s\n", k->name.c_str(), reasons[0].c_str());
+    }
+  return out;
 }
 
 }  // namespace moat::ops::testing

@@ -48,11 +48,7 @@ constexpr DType kQ4[] = {DType::MXFP4, DType::INT4_G32};
 
 using testing::normalized_error;
 using testing::randn;
-
-template <typename Fn>
-Fn fn_of(const KernelEntry* k) {
-  return reinterpret_cast<Fn>(k->fn);
-}
+using testing::fn_of;
 
 // Host matmul kernels (reference first) that accept `dtype` on this CPU; reports the others.
 std::vector<const KernelEntry*> host_matmuls(DType dtype) {
@@ -351,8 +347,12 @@ TEST(QuantRegistry, FourBitMatmulsResolveOnEveryCompiledBackend) {
     for (Backend b : Registry::global().compiled_backends()) {
       const Resolution r = Registry::global().resolve(OpId::matmul, b, OpShape{.weight_dtype = dtype});
       EXPECT_TRUE(r.usable()) << dtype_name(dtype) << " on " << backend_name(b) << ": " << r.describe();
-      if (b == Backend::cpu && cpu_has_isa("avx512bf16")) EXPECT_EQ(r.kernel->name, "cpu.matmul_avx512bf16");
-      if (b == Backend::cuda) EXPECT_EQ(r.kernel->name, "cuda.matmul_q4");
+      if (b == Backend::cpu && cpu_has_isa("avx512bf16")) {
+        EXPECT_EQ(r.kernel->name, "cpu.matmul_avx512bf16");
+      }
+      if (b == Backend::cuda) {
+        EXPECT_EQ(r.kernel->name, "cuda.matmul_q4");
+      }
       for (OpId op : {OpId::moe_experts, OpId::head_matmul})
         EXPECT_TRUE(Registry::global().resolve(op, b, OpShape{.weight_dtype = dtype, .num_experts = 8, .top_k = 3}).usable())
             << op_name(op) << " " << dtype_name(dtype) << " on " << backend_name(b);

@@ -14,9 +14,12 @@
 
 #include "ops/dispatch.h"
 #include "ops/registry.h"
+#include "parity.h"
 
 namespace moat::ops {
 namespace {
+
+using testing::fn_of;
 
 constexpr double kExact = 1e-5;
 
@@ -38,11 +41,6 @@ std::vector<const KernelEntry*> cpu_kernels_of(OpId op) {
   }
   EXPECT_FALSE(out.empty()) << "no cpu kernel for " << op_name(op) << " runs on this CPU";
   return out;
-}
-
-template <typename Fn>
-Fn fn_of(const KernelEntry* k) {
-  return reinterpret_cast<Fn>(k->fn);
 }
 
 enum class RowKind { peaked, flat, ties, equal };
