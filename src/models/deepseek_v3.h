@@ -6,6 +6,7 @@
 // that grows with the largest batch and is then reused (no allocation in the token loop).
 #pragma once
 
+#include <array>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -71,6 +72,14 @@ struct KdaWeights {
   std::optional<WeightMatrix> g_proj;            // [width, hidden]: K3's full-rank output gate
   std::vector<float> o_norm;                     // [K]
   WeightMatrix o_proj;                           // [hidden, width]
+};
+
+// One group of a KDA layer's sequences that run through one op call: their tokens and where
+// their conv and recurrent states (and, for speculative verification, step states) are.
+struct KdaSeqGroup {
+  std::vector<int32_t> start, len;
+  std::vector<float*> conv_q, conv_k, conv_v, state;
+  std::vector<float*> step_q, step_k, step_v, step_state;  // kept step states only
 };
 
 struct LayerWeights {
@@ -238,6 +247,7 @@ class DeepseekModel {
   // (-1: none kept) and its length; per KDA layer and sequence, [len] conv states of q, k, v
   // ([conv - 1, width] each) then [len] recurrent states [heads, K, V].
   Buffer kda_steps_;
+  std::array<KdaSeqGroup, 3> kda_groups_;  // kda_attention's per-call grouping, reused
   std::vector<int64_t> kda_step_base_;
   std::vector<int32_t> kda_step_len_;
 };

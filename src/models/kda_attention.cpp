@@ -34,12 +34,14 @@ void DeepseekModel::kda_attention(const KdaWeights& w, int64_t kda_index, const 
   // recurrent, every token's state saved), long segments (prefill chunks: chunked), the rest
   // (decode tokens: recurrent).
   enum Group { stepped, chunked, recurrent_only };
-  struct Seqs {
-    std::vector<int32_t> start, len;
-    std::vector<float*> conv_q, conv_k, conv_v, state;
-    std::vector<float*> step_q, step_k, step_v, step_state;  // stepped only
-  };
-  Seqs groups[3];
+  using Seqs = KdaSeqGroup;
+  auto& groups = kda_groups_;  // workspace: cleared, capacity kept across layers and steps
+  for (Seqs& g : groups) {
+    g.start.clear();
+    g.len.clear();
+    for (auto* v : {&g.conv_q, &g.conv_k, &g.conv_v, &g.state, &g.step_q, &g.step_k, &g.step_v, &g.step_state})
+      v->clear();
+  }
   for (int64_t s = 0; s < S; ++s) {
     const int32_t len = batch.query_start[s + 1] - batch.query_start[s];
     if (len <= 0) continue;
