@@ -12,6 +12,9 @@
 #   ONLY=kimi bench/run.sh  reruns section 3 alone (its kernel rows with kernel_bench --kda-only, which
 #                            measures the bandwidth and peak probes again) and replaces that section of
 #                            the existing BENCHMARKS.md (between its marker comments) in place
+#   ONLY=serve bench/run.sh reruns the engine-core rows and `moat serve` over HTTP (the overhead table
+#                            needs both from one run) and replaces the serve section and its plot,
+#                            docs/bench_serve.png, in place
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -25,6 +28,8 @@ ONLY=${ONLY:-}
 load_before=$(cut -d' ' -f1 /proc/loadavg)
 if [[ "$ONLY" == kimi ]]; then
   kernels=$("$BUILD_DIR/kernel_bench" --threads "$THREADS" --kda-only --markdown)
+elif [[ "$ONLY" == serve ]]; then
+  kernels=""
 else
   kernels=$("$BUILD_DIR/kernel_bench" --threads "$THREADS" --markdown)
 fi
@@ -40,6 +45,7 @@ load_after=$(cut -d' ' -f1 /proc/loadavg)
 MODELS=${MODELS:-models/k3-nano checkpoints/bench checkpoints/bench-fp8}
 # Kimi-Linear-48B-shaped hybrid (4 layers: KDA x 3 then MLA, 64 routed experts in MXFP4); KIMI= skips it.
 KIMI=${KIMI-checkpoints/bench-kimi}
+[[ "$ONLY" == serve ]] && KIMI=""
 if [[ -n "$KIMI" && ! -f "$KIMI/config.json" ]]; then
   /usr/bin/python3 tools/make_checkpoint.py --preset bench-kimi --out "$KIMI" --shards 3 >/dev/null
 fi
@@ -67,7 +73,7 @@ model_benchmarks() {
   done
 }
 model_rows=""
-[[ "$ONLY" == kimi ]] || model_rows=$(model_benchmarks)
+[[ -n "$ONLY" ]] || model_rows=$(model_benchmarks)
 
 # Kimi Linear (bench/model_bench.cpp on the hybrid): decode bytes per token against the measured
 # bandwidth (weights with MXFP4 experts at their packed size + KDA state read and written + MLA
@@ -153,22 +159,28 @@ kimi_section() {
   echo "<!-- end of section: kimi -->"
 }
 
-if [[ "$ONLY" == kimi ]]; then
-  [[ -n "$kimi_decode_rows" ]] || { echo "ONLY=kimi: no Kimi checkpoint at '$KIMI'" >&2; exit 1; }
-  kimi_section > "$OUT.kimi"
-  /usr/bin/python3 - "$OUT" "$OUT.kimi" <<'PY'
+# Replaces section $1 of $OUT (between its marker comments) with the file $2, or inserts it before
+# the heading $3 when the file has no such section yet.
+replace_section() {
+  /usr/bin/python3 - "$OUT" "$2" "$1" "$3" <<'PY'
 import re, sys
-out, part = sys.argv[1], open(sys.argv[2]).read()
+out, part, name, before = sys.argv[1], open(sys.argv[2]).read(), sys.argv[3], sys.argv[4]
 text = open(out).read()
-marked = re.compile(r"<!-- bench/run.sh section: kimi.*?<!-- end of section: kimi -->\n", re.S)
+marked = re.compile(r"<!-- bench/run.sh section: " + name + r" .*?<!-- end of section: " + name + r" -->\n", re.S)
 if marked.search(text):
     text = marked.sub(lambda m: part, text)
-elif "\n## moat serve over HTTP" in text:
-    text = text.replace("\n## moat serve over HTTP", "\n" + part + "\n## moat serve over HTTP", 1)
+elif before and "\n" + before in text:
+    text = text.replace("\n" + before, "\n" + part + "\n" + before, 1)
 else:
     text = text.rstrip("\n") + "\n\n" + part
 open(out, "w").write(text)
 PY
+}
+
+if [[ "$ONLY" == kimi ]]; then
+  [[ -n "$kimi_decode_rows" ]] || { echo "ONLY=kimi: no Kimi checkpoint at '$KIMI'" >&2; exit 1; }
+  kimi_section > "$OUT.kimi"
+  replace_section kimi "$OUT.kimi" "## moat serve over HTTP"
   rm -f "$OUT.kimi"
   echo "replaced the Kimi section of $OUT (load average $load_before before the kernel probes, $load_after after)"
   exit 0
@@ -210,7 +222,8 @@ spec_benchmarks() {
       --markdown
   fi
 }
-spec_rows=$(spec_benchmarks)
+spec_rows=""
+[[ -n "$ONLY" ]] || spec_rows=$(spec_benchmarks)
 
 # moat serve over HTTP (bench/serve_bench.sh: moat bench against moat serve on the bench
 # checkpoint, the engine_bench workload: 2 requests per stream), and the HTTP overhead against
@@ -236,7 +249,52 @@ for c in sorted(serve):
         print(f"| {c} | {engine[c]:.1f} | {serve[c]:.1f} | {serve[c] / engine[c]:.2f} |")
 PY
 )
+  mkdir -p docs
+  cp "$serve_dir/bench_serve.png" docs/bench_serve.png
   rm -rf "$serve_dir"
+fi
+
+serve_section() {
+  echo "<!-- bench/run.sh section: serve (ONLY=serve bench/run.sh regenerates it alone) -->"
+  echo
+  echo "## moat serve over HTTP"
+  echo
+  echo "bench/serve_bench.sh: \`moat bench\` against \`moat serve --threads $ENGINE_THREADS\` on the bench checkpoint"
+  echo "(a tokenizer from the test data linked beside it), random prompts of exactly 128 tokens, 64 output tokens"
+  echo "(ignore_eos), two requests per stream as bench/engine_bench: the same workload through HTTP, SSE streaming"
+  echo "and detokenization. TTFT and ITL here are measured by the client."
+  echo
+  echo "$serve_rows"
+  echo
+  echo "HTTP overhead: output tok/s of the server against the engine core alone (the serving throughput table,"
+  echo "same run; ONLY=serve reruns both)."
+  echo
+  echo "$overhead"
+  echo
+  echo "Throughput against interactivity, the plot \`moat bench --plot\` draws from the same sweep (output tok/s of"
+  echo "the server against tok/s per stream, one point per concurrency):"
+  echo
+  echo "![moat serve: output tok/s against tok/s per stream](docs/bench_serve.png)"
+  echo
+  echo "<!-- end of section: serve -->"
+}
+
+if [[ "$ONLY" == serve ]]; then
+  [[ -n "$serve_rows" ]] || { echo "ONLY=serve: no checkpoint at checkpoints/bench (or SERVE=0)" >&2; exit 1; }
+  engine_section() {
+    echo "<!-- bench/run.sh section: engine (ONLY=serve bench/run.sh regenerates it with the serve section) -->"
+    echo
+    echo "$engine_rows"
+    echo
+    echo "<!-- end of section: engine -->"
+  }
+  engine_section > "$OUT.engine"
+  serve_section > "$OUT.serve"
+  replace_section engine "$OUT.engine" ""
+  replace_section serve "$OUT.serve" ""
+  rm -f "$OUT.engine" "$OUT.serve"
+  echo "replaced the engine-core and serve sections of $OUT"
+  exit 0
 fi
 
 {
@@ -316,7 +374,11 @@ fi
   echo "\`--max-num-batched-tokens 256\` instead of the default 512: a step that carries a prompt chunk is shorter,"
   echo "so the p99 inter-token latency drops, for a longer time to first token."
   echo
+  echo "<!-- bench/run.sh section: engine (ONLY=serve bench/run.sh regenerates it with the serve section) -->"
+  echo
   echo "$engine_rows"
+  echo
+  echo "<!-- end of section: engine -->"
   echo
   echo "## Speculative decoding (one stream)"
   echo
@@ -337,18 +399,7 @@ fi
   fi
   if [[ -n "$serve_rows" ]]; then
     echo
-    echo "## moat serve over HTTP"
-    echo
-    echo "bench/serve_bench.sh: \`moat bench\` against \`moat serve --threads $ENGINE_THREADS\` on the bench checkpoint"
-    echo "(a tokenizer from the test data linked beside it), random prompts of exactly 128 tokens, 64 output tokens"
-    echo "(ignore_eos), two requests per stream as bench/engine_bench: the same workload through HTTP, SSE streaming"
-    echo "and detokenization. TTFT and ITL here are measured by the client."
-    echo
-    echo "$serve_rows"
-    echo
-    echo "HTTP overhead: output tok/s of the server against the engine core alone (the table above), same run."
-    echo
-    echo "$overhead"
+    serve_section
   fi
 } > "$OUT"
 echo "wrote $OUT"

@@ -10,8 +10,7 @@
 # OUTPUT_LEN (64), NUM_PROMPTS (moat bench's default: max(16, 4 x concurrency)), PROMPTS_PER_STREAM
 # (instead: one run per concurrency of that many prompts per stream, as bench/engine_bench), OUT_DIR (.),
 # TOKENIZER_DIR (for a checkpoint without a tokenizer), SERVE_ARGS (extra `moat serve` flags, e.g. "--threads 2 --max-num-seqs 64").
-# Writes $OUT_DIR/bench_serve.json and $OUT_DIR/bench_serve.png (the plot: one moat bench run over
-# all concurrencies, so not with PROMPTS_PER_STREAM).
+# Writes $OUT_DIR/bench_serve.json and $OUT_DIR/bench_serve.png (moat bench --plot over all concurrencies).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -84,27 +83,15 @@ mkdir -p "$OUT_DIR"
 json=$OUT_DIR/bench_serve.json
 args=(--base-url "http://127.0.0.1:$port" --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --tokenizer "$serve_dir"
       --no-progress)
+args+=(--concurrency "$CONCURRENCY" --json "$json" --plot "$OUT_DIR/bench_serve.png")
+# --prompts-per-stream: PROMPTS_PER_STREAM x concurrency requests per level, the workload of
+# bench/engine_bench (two requests per stream), so the two tables compare as HTTP vs none
 if [[ -n "$PROMPTS_PER_STREAM" ]]; then
-  # one moat bench run per concurrency with PROMPTS_PER_STREAM x concurrency prompts: the workload
-  # of bench/engine_bench (two requests per stream), so the two tables compare as HTTP vs none
-  parts=()
-  for c in ${CONCURRENCY//,/ }; do
-    "$moat" bench "${args[@]}" --concurrency "$c" --num-prompts $((c * PROMPTS_PER_STREAM)) --json "$json.$c" >&2
-    parts+=("$json.$c")
-  done
-  python3 - "$json" "${parts[@]}" <<'PY'
-import json, sys
-records = []
-for f in sys.argv[2:]:
-    records += json.load(open(f))
-json.dump(records, open(sys.argv[1], "w"), indent=1)
-PY
-  rm -f "${parts[@]}"
-else
-  args+=(--concurrency "$CONCURRENCY" --json "$json" --plot "$OUT_DIR/bench_serve.png")
-  [[ -n "$NUM_PROMPTS" ]] && args+=(--num-prompts "$NUM_PROMPTS")
-  "$moat" bench "${args[@]}" >&2
+  args+=(--prompts-per-stream "$PROMPTS_PER_STREAM")
+elif [[ -n "$NUM_PROMPTS" ]]; then
+  args+=(--num-prompts "$NUM_PROMPTS")
 fi
+"$moat" bench "${args[@]}" >&2
 
 python3 - "$json" "$MODEL" <<'PY'
 import json, sys

@@ -40,6 +40,7 @@ void on_sigint(int) {
 struct BenchFlags {
   std::string base_url, model, api_key, endpoint = "completions";
   int num_prompts = 0;
+  int prompts_per_stream = 0;
   int64_t input_len = 1024, output_len = 128;
   double range_ratio = 1.0;
   std::string dataset, tokenizer;
@@ -91,6 +92,10 @@ int run(const BenchFlags& f) {
   if (!rate.ok()) return fail(2, rate.error().message);
   if (f.endpoint != "completions" && f.endpoint != "chat") {
     MOAT_LOG(error, "--endpoint {}: expected completions or chat", f.endpoint);
+    return 2;
+  }
+  if (f.num_prompts < 0 || f.prompts_per_stream < 0) {
+    MOAT_LOG(error, "--num-prompts and --prompts-per-stream must be positive");
     return 2;
   }
   if (f.gpus < 0 || f.price < 0 || (f.gpus > 0) != (f.price > 0)) {
@@ -163,7 +168,9 @@ int run(const BenchFlags& f) {
   for (size_t level = 0; level < levels->size() && !g_interrupted.load(); ++level) {
     int c = (*levels)[level];
     // Enough requests per level for a steady state well past the ramp-up of the first wave.
-    int n = f.num_prompts > 0 ? f.num_prompts : std::max(16, 4 * (c > 0 ? c : 16));
+    int n = f.num_prompts > 0          ? f.num_prompts
+            : f.prompts_per_stream > 0 ? f.prompts_per_stream * (c > 0 ? c : 16)
+                                       : std::max(16, 4 * (c > 0 ? c : 16));
     // Fresh prompts for every level and for the warmup, so no level rides on a prefix cache
     // that an earlier one filled.
     uint64_t seed = f.seed + 1000003ull * level;
@@ -232,6 +239,9 @@ void setup(CLI::App& sub, int& exit_code) {
       ->capture_default_str();
   sub.add_option("--num-prompts", f->num_prompts,
                  "Measured requests per concurrency level (default: max(16, 4 x concurrency))");
+  sub.add_option("--prompts-per-stream", f->prompts_per_stream,
+                 "Measured requests per level as a multiple of its concurrency (instead of --num-prompts)")
+      ->excludes(sub.get_option("--num-prompts"));
   sub.add_option("--input-len", f->input_len, "Prompt tokens (the maximum with --range-ratio < 1)")
       ->capture_default_str();
   sub.add_option("--output-len", f->output_len, "max_tokens per request")->capture_default_str();
