@@ -1,5 +1,7 @@
 #include "base/weight.h"
 
+#include <cstring>
+
 #include "base/check.h"
 
 namespace moat {
@@ -66,6 +68,65 @@ WeightMatrix WeightMatrix::rows(int64_t row_begin, int64_t num_rows) const {
     w.scale_inv = scale_inv + (row_begin / block_out) * scale_cols();
   }
   return w;
+}
+
+Result<WeightMatrix> slice_rows(const WeightMatrix& w, int64_t row_begin, int64_t num_rows) {
+  if (row_begin < 0 || num_rows <= 0 || row_begin + num_rows > w.out_features)
+    return make_error("rows [{}, {}) outside a matrix of {} rows", row_begin, row_begin + num_rows, w.out_features);
+  if (w.dtype == DType::F8_E4M3 && (row_begin % w.block_out != 0 ||
+                                    (num_rows % w.block_out != 0 && row_begin + num_rows != w.out_features)))
+    return make_error("{} rows per rank (from row {}) cut through the fp8 scale blocks of {} rows", num_rows, row_begin,
+                      w.block_out);
+  return w.rows(row_begin, num_rows);
+}
+
+Result<WeightMatrix> copy_columns(const WeightMatrix& w, int64_t col_begin, int64_t num_cols,
+                                  OwnedWeightBytes& storage) {
+  if (col_begin < 0 || num_cols <= 0 || col_begin + num_cols > w.in_features)
+    return make_error("columns [{}, {}) outside a matrix of {} columns", col_begin, col_begin + num_cols,
+                      w.in_features);
+  WeightMatrix out = w;
+  out.in_features = num_cols;
+  const int64_t rows = w.out_features;
+  if (w.is_4bit()) {
+    if (col_begin % WeightMatrix::kGroupSize != 0 || num_cols % WeightMatrix::kGroupSize != 0)
+      return make_error("{} columns per rank (from column {}) cut through the {}-column scale groups of {}", num_cols,
+                        col_begin, WeightMatrix::kGroupSize, dtype_name(w.dtype));
+    const int64_t row_bytes = num_cols / 2, groups = num_cols / WeightMatrix::kGroupSize;
+    const int64_t scale_bytes = w.group_scale_bytes();
+    storage.data.resize(static_cast<size_t>(rows * row_bytes));
+    storage.group_scales.resize(static_cast<size_t>(rows * groups * scale_bytes));
+    const auto* src = static_cast<const uint8_t*>(w.data);
+    const auto* scales = static_cast<const uint8_t*>(w.group_scales);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(&storage.data[r * row_bytes], src + r * w.packed_row_bytes() + col_begin / 2, row_bytes);
+      std::memcpy(&storage.group_scales[r * groups * scale_bytes],
+                  scales + (r * w.groups_per_row() + col_begin / WeightMatrix::kGroupSize) * scale_bytes,
+                  groups * scale_bytes);
+    }
+    out.data = storage.data.data();
+    out.group_scales = storage.group_scales.data();
+    return out;
+  }
+  const int64_t elem = static_cast<int64_t>(dtype_size(w.dtype));
+  if (w.dtype == DType::F8_E4M3) {
+    if (col_begin % w.block_in != 0 || (num_cols % w.block_in != 0 && col_begin + num_cols != w.in_features))
+      return make_error("{} columns per rank (from column {}) cut through the fp8 scale blocks of {} columns",
+                        num_cols, col_begin, w.block_in);
+    const int64_t row_blocks = (rows + w.block_out - 1) / w.block_out;
+    const int64_t cols = (num_cols + w.block_in - 1) / w.block_in;
+    storage.scale_inv.resize(static_cast<size_t>(row_blocks * cols));
+    for (int64_t b = 0; b < row_blocks; ++b)
+      std::memcpy(&storage.scale_inv[b * cols], w.scale_inv + b * w.scale_cols() + col_begin / w.block_in,
+                  sizeof(float) * cols);
+    out.scale_inv = storage.scale_inv.data();
+  }
+  storage.data.resize(static_cast<size_t>(rows * num_cols * elem));
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(&storage.data[r * num_cols * elem], src + (r * w.in_features + col_begin) * elem, num_cols * elem);
+  out.data = storage.data.data();
+  return out;
 }
 
 }  // namespace moat

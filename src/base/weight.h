@@ -8,8 +8,10 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "base/dtype.h"
+#include "base/status.h"
 
 namespace moat {
 
@@ -60,6 +62,19 @@ struct WeightMatrix {
   // A view of rows [row_begin, row_begin + rows); row_begin must be block_out-aligned for fp8.
   WeightMatrix rows(int64_t row_begin, int64_t num_rows) const;
 };
+
+// Tensor parallelism's slices of a checkpoint matrix. A slice of rows (output features) is a view
+// into the mapped file; a slice of columns is not contiguous, so it is copied once at load into
+// storage the caller keeps (a row-parallel o_proj / down_proj: 1/tp of those bytes per rank). Both
+// refuse a cut through a quantization block (fp8's 128 x 128 scale tiles, the 4-bit formats' 32
+// columns per scale), naming the sizes, as vLLM does.
+struct OwnedWeightBytes {
+  std::vector<uint8_t> data;
+  std::vector<float> scale_inv;       // fp8
+  std::vector<uint8_t> group_scales;  // 4-bit formats
+};
+Result<WeightMatrix> slice_rows(const WeightMatrix& w, int64_t row_begin, int64_t num_rows);
+Result<WeightMatrix> copy_columns(const WeightMatrix& w, int64_t col_begin, int64_t num_cols, OwnedWeightBytes& storage);
 
 // One expert or a dense MLP: down(silu(gate(x)) * up(x)). The moe_experts op takes an array of them.
 struct MlpWeights {

@@ -1,5 +1,6 @@
 #include "cli/model_options.h"
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "cli/command.h"
@@ -27,15 +28,44 @@ void ModelOptions::add_to(CLI::App& sub) {
                "fp32-accurate activations in every matmul (default: bf16 in prefill and against fp8 weights, "
                "like GPU engines; exact costs ~2x prefill time and ~1.3x fp8 decode time)");
   sub.add_option("--kv-dtype", kv_dtype, "latent KV cache element type: bf16 (default), fp8 (e4m3 + row scale), fp32");
+  sub.add_option("--tp", tp,
+                 "tensor-parallel degree: run as `mpirun -np N moat ... --tp N` (one rank per process, heads and "
+                 "MLP widths split across ranks; rank 0 runs the command)")
+      ->check(CLI::Range(1, 1024));
+}
+
+Result<std::shared_ptr<Communicator>> ModelOptions::communicator() const {
+  if (tp == 1 && !launched_by_mpi()) return std::shared_ptr<Communicator>();
+  MOAT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> world, mpi_world());
+  if (world->size() != tp)
+    return make_error("--tp {} but mpirun started {} process{}: run `mpirun -np {} moat ... --tp {}`", tp, world->size(),
+                      world->size() == 1 ? "" : "es", tp, tp);
+  if (tp == 1) return std::shared_ptr<Communicator>();
+  return world;
+}
+
+Result<int> ModelOptions::tp_rank() const {
+  MOAT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, communicator());
+  return comm ? comm->rank() : 0;
 }
 
 Result<std::unique_ptr<DeepseekModel>> ModelOptions::load(int64_t max_context) const {
   MOAT_TRY(check_dir());
-  return load(dir(), max_context);
+  MOAT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, communicator());
+  auto model = load(dir(), max_context, /*mtp=*/false, comm);
+  if (!comm) return model;
+  // A rank that cannot load ends the job, so the others do not wait for it in their first step.
+  if (!model) comm->abort(model.error().message);
+  if (comm->rank() > 0) {
+    (*model)->run_tp_worker();
+    model->reset();
+    std::exit(0);
+  }
+  return model;
 }
 
-Result<std::unique_ptr<DeepseekModel>> ModelOptions::load(const std::string& model_dir, int64_t max_context,
-                                                          bool mtp) const {
+Result<std::unique_ptr<DeepseekModel>> ModelOptions::load(const std::string& model_dir, int64_t max_context, bool mtp,
+                                                          std::shared_ptr<Communicator> comm) const {
   MOAT_ASSIGN_OR_RETURN(ops::Backend parsed, ops::parse_backend(backend));
   MOAT_ASSIGN_OR_RETURN(DType kv, parse_kv_dtype(kv_dtype));
   return DeepseekModel::load(model_dir, {.backend = parsed,
@@ -44,7 +74,8 @@ Result<std::unique_ptr<DeepseekModel>> ModelOptions::load(const std::string& mod
                                      .weights = no_mmap ? WeightPlacement::memory : WeightPlacement::mmap,
                                      .kv_dtype = kv,
                                      .threads = threads,
-                                     .mtp = mtp});
+                                     .mtp = mtp,
+                                     .comm = std::move(comm)});
 }
 
 void EngineOptions::add_to(CLI::App& sub) {

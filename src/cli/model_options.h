@@ -19,15 +19,23 @@ struct ModelOptions {
   bool no_mmap = false;
   bool exact = false;  // OpTable::set_exact_activations
   std::string kv_dtype = "bf16";
+  int tp = 1;  // tensor-parallel degree: mpirun -np tp, one rank per process
 
   std::string dir() const;
+  // Under --tp > 1 (mpirun): the MPI world, checked to have tp ranks; null at --tp 1.
+  Result<std::shared_ptr<Communicator>> communicator() const;
+  // This process's rank: 0 runs the command; ranks 1.. only step the model (load() runs them).
+  Result<int> tp_rank() const;
   // The model directory, or an error saying it does not exist or is not a directory.
   Status check_dir() const;
   void add_to(CLI::App& sub);
   // Loads the model (with its own pool of --threads). Errors name the flag or the file at fault.
+  // At --tp > 1 each rank loads its share; on ranks 1.. this never returns: they run rank 0's
+  // steps (DeepseekModel::run_tp_worker) until rank 0's model is destroyed, then exit 0.
   Result<std::unique_ptr<DeepseekModel>> load(int64_t max_context) const;
-  // Another checkpoint with the same settings (a speculative draft).
-  Result<std::unique_ptr<DeepseekModel>> load(const std::string& dir, int64_t max_context, bool mtp = false) const;
+  // Another checkpoint with the same settings (a speculative draft, an MTP head), whole on rank 0.
+  Result<std::unique_ptr<DeepseekModel>> load(const std::string& dir, int64_t max_context, bool mtp = false,
+                                              std::shared_ptr<Communicator> comm = nullptr) const;
 };
 
 // The engine's sizing flags (vLLM's names), shared by every command that runs the engine.

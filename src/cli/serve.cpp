@@ -80,6 +80,14 @@ int run_serve(const ServeArgs& a) {
   so.http_threads = a.http_threads > 0 ? a.http_threads
                                        : static_cast<int>(std::min<int64_t>(a.engine.max_num_seqs + a.max_queue + 32, 1000));
   so.access_log = !a.no_access_log;
+  // Ranks 1.. of `mpirun -np N moat serve --tp N` serve no HTTP: they load their share of the
+  // model and run rank 0's steps until it shuts down (load does not return there).
+  if (auto rank = a.model.tp_rank(); !rank) {
+    return fail(rank.error().message);
+  } else if (*rank > 0) {
+    auto worker = a.model.load(max_context);
+    return fail(worker ? "tensor-parallel worker returned" : worker.error().message);
+  }
   server::OpenAIServer http(so);
   if (auto ok = http.bind(); !ok) return fail(ok.error().message);
   std::thread listener([&] { http.serve(); });

@@ -1,5 +1,7 @@
 #include "kv/latent_cache.h"
 
+#include <atomic>
+
 #include <sys/mman.h>
 
 #include "base/check.h"
@@ -23,6 +25,8 @@ Result<DType> parse_kv_dtype(std::string_view name) {
 
 PagedLatentCache::PagedLatentCache(const LatentCacheShape& shape, int32_t num_blocks, int32_t block_size)
     : shape_(shape), num_blocks_(num_blocks), block_size_(block_size) {
+  static std::atomic<uint64_t> next_id{1};
+  id_ = next_id.fetch_add(1);
   MOAT_CHECK(shape.dtype == DType::BF16 || shape.dtype == DType::F32 || shape.dtype == DType::F8_E4M3,
              "latent cache dtype {} not supported", dtype_name(shape.dtype));
   slots_ = static_cast<int64_t>(num_blocks) * block_size;

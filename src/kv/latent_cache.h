@@ -39,6 +39,8 @@ class PagedLatentCache {
   int32_t num_blocks() const { return num_blocks_; }
   int32_t block_size() const { return block_size_; }
   int64_t bytes() const { return bytes_; }
+  // Unique per cache made in this process (tensor-parallel workers mirror rank 0's caches by it).
+  uint64_t id() const { return id_; }
   // Layer `layer`'s rows for the attention and store ops.
   ops::LatentPages layer(int64_t layer) const;
   // One row as fp32 (tests and debugging).
@@ -49,6 +51,7 @@ class PagedLatentCache {
   int32_t num_blocks_, block_size_;
   int64_t slots_, row_bytes_;
   int64_t bytes_ = 0;
+  uint64_t id_ = 0;
   uint8_t* base_ = nullptr;  // [num_layers] x ([slots, dim] rows, then [slots] fp32 scales for fp8)
 };
 

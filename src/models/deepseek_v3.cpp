@@ -24,7 +24,23 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::filesystem
   MOAT_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(dir, options.weights));
   model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
   MOAT_TRY(validate_checkpoint(*model->checkpoint_, model->spec_));
-  MOAT_ASSIGN_OR_RETURN(ops::ModelOpNeeds needs, model_op_needs(model->config_, 1, options.kv_dtype));
+  model->comm_ = options.comm;
+  if (model->comm_) {
+    model->tp_ = model->comm_->size();
+    model->tp_rank_ = model->comm_->rank();
+  }
+  const ModelConfig& c = model->config_;
+  if (model->tp_ > 1) {
+    // Kimi Linear / K3's KDA layers split by head too (the weight table says how), but their
+    // per-rank state and the kernels' head slices are not wired yet.
+    if (c.linear_attn)
+      return make_error("--tp {}: tensor parallelism of the KDA layers of {} is not implemented yet; run it at --tp 1",
+                        model->tp_, c.architecture);
+    if (options.mtp) return make_error("--tp {}: an MTP head runs on one rank (load it without a communicator)", model->tp_);
+  }
+  MOAT_ASSIGN_OR_RETURN(ops::ModelOpNeeds needs, model_op_needs(c, model->tp_, options.kv_dtype));
+  model->heads_ = needs.heads_per_rank;
+  model->vocab_per_rank_ = (c.vocab_size + model->tp_ - 1) / model->tp_;
   MOAT_ASSIGN_OR_RETURN(model->ops_, ops::OpTable::resolve(options.backend, needs));
   if (options.max_context <= 0) return make_error("max context must be > 0, got {}", options.max_context);
   model->ops_.set_exact_activations(options.exact_activations);
@@ -33,6 +49,7 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::filesystem
   model->rope_ = build_rope_table(model->config_, options.max_context);
   model->softmax_scale_ = static_cast<float>(model->config_.softmax_scale());
   MOAT_TRY(model->load_weights());
+  model->tp_loaded_ = true;  // from here on the worker ranks wait for this model's steps
   return model;
 }
 
@@ -64,12 +81,19 @@ Status DeepseekModel::load_weights() {
       WeightMatrix* slot = matrix_slot(t);
       MOAT_ASSIGN_OR_RETURN(*slot, get_matrix(ck, t.name, t.shape[0], t.shape[1], c,
                                               /*allow_fp8=*/t.storage == TensorStorage::matrix));
+      MOAT_TRY(shard_matrix(t, *slot));
       bound_[i] = slot;
     } else {
       MOAT_ASSIGN_OR_RETURN(*vector_slot(t), get_vector_f32(ck, t.name, t.shape));
     }
   }
-  if (c.tie_word_embeddings && !options_.mtp) lm_head_ = embed_tokens_;  // an MTP head has its own
+  if (c.tie_word_embeddings && !options_.mtp) {  // an MTP head has its own
+    lm_head_ = embed_tokens_;
+    if (tp_ > 1) {  // the embedding stays whole on every rank; the tied lm_head is cut by vocabulary
+      const int64_t begin = vocab_per_rank_ * tp_rank_;
+      MOAT_ASSIGN_OR_RETURN(lm_head_, slice_rows(lm_head_, begin, std::min(vocab_per_rank_, c.vocab_size - begin)));
+    }
+  }
   for (LayerWeights& L : layers_)
     if (!L.kda) absorb_kv_b(L.attn);
   // AttnRes scores a row by sum_d row[d] * norm[d] * proj[d] / rms(row): one product vector per site.
@@ -105,6 +129,43 @@ T& created(std::optional<T>& part) {
 }
 
 }  // namespace
+
+Status DeepseekModel::shard_matrix(const TensorSpec& t, WeightMatrix& m) {
+  if (tp_ == 1) return ok_status();
+  TpSplit split = t.split;
+  // Routed experts split inside each expert (gate/up by column, down by row), as a dense MLP.
+  if (split == TpSplit::expert) split = t.role == Role::down_proj ? TpSplit::row : TpSplit::column;
+  auto named = [&](Result<WeightMatrix> r) -> Status {
+    if (!r.ok()) return make_error("{} at --tp {}: {}", t.name, tp_, r.error().message);
+    m = *r;
+    return ok_status();
+  };
+  switch (split) {
+    case TpSplit::replicated: return ok_status();
+    case TpSplit::column:
+    case TpSplit::row: {
+      const int64_t n = split == TpSplit::column ? m.out_features : m.in_features;
+      if (n % (tp_ * t.split_unit) != 0)
+        return make_error("{} at --tp {}: {} {} do not split into {} equal parts of whole {}-wide units", t.name, tp_, n,
+                          split == TpSplit::column ? "rows" : "columns", tp_, t.split_unit);
+      const int64_t per = n / tp_;
+      if (split == TpSplit::column) return named(slice_rows(m, per * tp_rank_, per));
+      return named(copy_columns(m, per * tp_rank_, per, owned_.emplace_back()));
+    }
+    case TpSplit::vocab: {
+      if (t.part == Part::embedding) return ok_status();  // a lookup reads one row per token: keep it whole
+      const int64_t begin = vocab_per_rank_ * tp_rank_;
+      return named(slice_rows(m, begin, std::min(vocab_per_rank_, m.out_features - begin)));
+    }
+    case TpSplit::expert: break;
+  }
+  return make_error("{}: no tensor-parallel split for it", t.name);
+}
+
+DeepseekModel::~DeepseekModel() {
+  // Only a model that loaded has workers waiting for it: every rank fails a load alike.
+  if (tp_ > 1 && tp_rank_ == 0 && tp_loaded_) send_tp_step(1, nullptr, nullptr);
+}
 
 WeightMatrix* DeepseekModel::matrix_slot(const TensorSpec& t) {
   WeightMatrix* slot = nullptr;
@@ -206,7 +267,7 @@ std::vector<float>* DeepseekModel::vector_slot(const TensorSpec& t) {
 
 void DeepseekModel::absorb_kv_b(MlaWeights& A) {
   const ModelConfig& c = config_;
-  const int64_t heads = c.num_attention_heads, nope = c.qk_nope_head_dim, vdim = c.v_head_dim;
+  const int64_t heads = heads_, nope = c.qk_nope_head_dim, vdim = c.v_head_dim;
   const int64_t kv_lora = c.kv_lora_rank;
   // W_UK^T per head: [kv_lora, nope]. Exact in bf16 when kv_b is bf16; fp8 kv_b gets bf16
   // copies too unless activations are exact (the copies are read every decode step, and fp32
@@ -306,6 +367,15 @@ void DeepseekModel::reserve(int64_t T) {
 
 void DeepseekModel::forward(const ForwardBatch& batch, PagedLatentCache& cache, float* logits,
                             const LayerHook& on_layer_output, const ForwardExtras& extras) {
+  if (tp_ > 1) {
+    MOAT_CHECK(tp_rank_ == 0, "rank {}: tensor-parallel worker ranks run rank 0's steps in run_tp_worker()", tp_rank_);
+    send_tp_step(0, &batch, &cache);
+  }
+  forward_local(batch, cache, logits, on_layer_output, extras);
+}
+
+void DeepseekModel::forward_local(const ForwardBatch& batch, PagedLatentCache& cache, float* logits,
+                                  const LayerHook& on_layer_output, const ForwardExtras& extras) {
   const ModelConfig& c = config_;
   const int64_t T = batch.num_tokens();
   MOAT_CHECK(batch.positions.size() == batch.tokens.size() && batch.slot_mapping.size() == batch.tokens.size() &&
@@ -402,6 +472,7 @@ void DeepseekModel::forward(const ForwardBatch& batch, PagedLatentCache& cache, 
     } else {
       attention(L, batch, cache, h, tmp_.data());
     }
+    all_reduce(tmp_.data(), T * H);  // each rank's heads' share of o_proj
     ops_.add_scaled(x, tmp_.data(), 1.0f, T * H);
     ops_.rms_norm(mixed(L.res_mlp_mix), L.post_attention_layernorm.data(), T, H, eps, h);
     if (L.moe) {
@@ -409,6 +480,7 @@ void DeepseekModel::forward(const ForwardBatch& batch, PagedLatentCache& cache, 
     } else {
       mlp(*L.dense_mlp, h, T, tmp_.data(), mlp_gate_.data(), mlp_up_.data());
     }
+    all_reduce(tmp_.data(), T * H);  // each rank's slice of the intermediate width
     ops_.add_scaled(x, tmp_.data(), 1.0f, T * H);
     if (on_layer_output) on_layer_output(i, x, T);
   }
@@ -427,7 +499,32 @@ void DeepseekModel::forward(const ForwardBatch& batch, PagedLatentCache& cache, 
     std::memcpy(logits_in_.data() + r * H, final_in + row * H, sizeof(float) * H);
   }
   ops_.rms_norm(logits_in_.data(), final_norm_.data(), R, H, static_cast<float>(c.rms_norm_eps), logits_in_.data());
-  ops_.matmul(logits_in_.data(), R, lm_head_, logits);
+  if (tp_ == 1) {
+    ops_.matmul(logits_in_.data(), R, lm_head_, logits);
+    return;
+  }
+  // Vocabulary-parallel lm_head: each rank's rows [R, vocab_per_rank] (the last rank's padded with
+  // zeros), gathered, and laid out as [R, vocab] on rank 0.
+  const int64_t Vr = vocab_per_rank_, V = c.vocab_size;
+  logits_local_.resize(static_cast<size_t>(R * Vr));
+  logits_gathered_.resize(static_cast<size_t>(tp_ * R * Vr));
+  const int64_t head_rows = lm_head_.out_features;
+  if (head_rows == Vr) {
+    ops_.matmul(logits_in_.data(), R, lm_head_, logits_local_.data());
+  } else {
+    ops_.matmul(logits_in_.data(), R, lm_head_, logits_gathered_.data());  // [R, head_rows] scratch
+    for (int64_t r = 0; r < R; ++r) {
+      std::memcpy(logits_local_.data() + r * Vr, logits_gathered_.data() + r * head_rows, sizeof(float) * head_rows);
+      std::fill(logits_local_.data() + r * Vr + head_rows, logits_local_.data() + (r + 1) * Vr, 0.0f);
+    }
+  }
+  comm_->all_gather(logits_local_.data(), R * Vr, logits_gathered_.data());
+  if (logits == nullptr) return;  // a worker rank: rank 0 samples
+  for (int64_t k = 0; k < tp_; ++k) {
+    const int64_t begin = k * Vr, n = std::min(Vr, V - begin);
+    for (int64_t r = 0; r < R && n > 0; ++r)
+      std::memcpy(logits + r * V + begin, logits_gathered_.data() + (k * R + r) * Vr, sizeof(float) * n);
+  }
 }
 
 void DeepseekModel::attention(const LayerWeights& layer, const ForwardBatch& batch, PagedLatentCache& cache,
@@ -435,7 +532,7 @@ void DeepseekModel::attention(const LayerWeights& layer, const ForwardBatch& bat
   const ModelConfig& c = config_;
   const MlaWeights& A = layer.attn;
   const int64_t T = static_cast<int64_t>(batch.tokens.size());
-  const int64_t heads = c.num_attention_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim;
+  const int64_t heads = heads_, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim;  // this rank's heads
   const int64_t qk = nope + rope, kv_lora = c.kv_lora_rank, D = kv_lora + rope, vdim = c.v_head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
 
@@ -535,7 +632,7 @@ void DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t T, float* o
     // Routed experts, weighted, added onto the shared experts' output.
     ops_.moe_experts({.x = x, .num_tokens = T, .hidden = H, .top_k = K, .topk_ids = topk_ids_.data(),
                       .topk_weights = topk_weights_.data(), .experts = w.experts.data(), .num_experts = E,
-                      .intermediate = c.moe_intermediate_size, .out = out, .activation = act,
+                      .intermediate = w.experts[0].gate_proj.out_features, .out = out, .activation = act,
                       .situ_beta = static_cast<float>(c.situ_beta), .situ_linear_beta = static_cast<float>(c.situ_linear_beta)});
     return;
   }
@@ -546,10 +643,12 @@ void DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t T, float* o
   std::fill(latent_sum_.data(), latent_sum_.data() + T * R, 0.0f);
   ops_.moe_experts({.x = latent_z_.data(), .num_tokens = T, .hidden = R, .top_k = K, .topk_ids = topk_ids_.data(),
                     .topk_weights = topk_weights_.data(), .experts = w.experts.data(), .num_experts = E,
-                    .intermediate = c.moe_intermediate_size, .out = latent_sum_.data(), .activation = act,
+                    .intermediate = w.experts[0].gate_proj.out_features, .out = latent_sum_.data(), .activation = act,
                     .situ_beta = static_cast<float>(c.situ_beta), .situ_linear_beta = static_cast<float>(c.situ_linear_beta)});
+  all_reduce(latent_sum_.data(), T * R);  // the norm needs the whole sum; latent_up is replicated
   if (!w.latent_norm.empty())
     ops_.rms_norm(latent_sum_.data(), w.latent_norm.data(), T, R, static_cast<float>(c.rms_norm_eps), latent_sum_.data());
+  if (tp_rank_ != 0) return;  // every rank has it whole: rank 0 alone adds it before the layer's all-reduce
   ops_.matmul(latent_sum_.data(), T, *w.latent_up, latent_up_.data());
   ops_.add_scaled(out, latent_up_.data(), 1.0f, T * H);
 }

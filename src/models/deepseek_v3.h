@@ -7,6 +7,7 @@
 #pragma once
 
 #include <array>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -17,6 +18,7 @@
 #include "base/thread_pool.h"
 #include "base/weight.h"
 #include "config/model_config.h"
+#include "dist/communicator.h"
 #include "kv/latent_cache.h"
 #include "kv/state_pool.h"
 #include "models/forward_batch.h"
@@ -123,8 +125,15 @@ class DeepseekModel {
     // Load the checkpoint's first MTP head (model.layers.{num_hidden_layers}) as a one-layer
     // model instead of the main model: the proposer of --speculative mtp (spec/mtp_proposer.h).
     bool mtp = false;
+    // Tensor parallelism (issue 15): this process is rank comm->rank() of comm->size(), and holds
+    // its share of the weights as the weight table's TpSplit says: its heads of every MLA layer,
+    // its slice of every MLP's and expert's intermediate width, its rows of lm_head; the latent
+    // cache and the router replicated. One all-reduce after each attention and each MLP / MoE.
+    // Rank 0 runs forward as usual; the other ranks run run_tp_worker(). Null: one rank.
+    std::shared_ptr<Communicator> comm;
   };
 
+  ~DeepseekModel();
 
   static Result<std::unique_ptr<DeepseekModel>> load(const std::filesystem::path& dir, const Options& options);
 
@@ -170,6 +179,16 @@ class DeepseekModel {
     return SequenceCache(cache_shape(), capacity, block_size, state_bytes_per_request());
   }
 
+  // Tensor parallelism: this rank's place in the group (1 and 0 without Options::comm), and the
+  // attention heads this rank computes (num_attention_heads / tp).
+  int tp_size() const { return tp_; }
+  int tp_rank() const { return tp_rank_; }
+  int64_t heads_per_rank() const { return heads_; }
+  // Ranks other than 0: runs every step rank 0's forward sends, on caches of the same geometry as
+  // rank 0's (the latent cache is replicated: the same block ids hold the same rows on every rank),
+  // until rank 0's model is destroyed. Waiting between steps sleeps instead of spinning.
+  void run_tp_worker();
+
   // Runs one step: writes the batch's latent rows into `cache` (slot_mapping) and attends over
   // each sequence's blocks. logits: [batch.logit_rows.size(), vocab]. on_layer_output, when set,
   // sees the residual stream [T, hidden] after each decoder layer (golden tests compare it with
@@ -187,6 +206,17 @@ class DeepseekModel {
 
  private:
   DeepseekModel() = default;
+  // The step itself, run by every rank (forward sends it to the workers first).
+  void forward_local(const ForwardBatch& batch, PagedLatentCache& cache, float* logits, const LayerHook& on_layer_output,
+                     const ForwardExtras& extras);
+  // Rank 0: sends a step to the worker ranks; `command` 0 = forward, 1 = shut down.
+  void send_tp_step(int64_t command, const ForwardBatch* batch, const PagedLatentCache* cache);
+  // This rank's share of a bound tensor, as its TpSplit says.
+  Status shard_matrix(const TensorSpec& t, WeightMatrix& m);
+  // Sums a sublayer's partial output [n] across the ranks (nothing at tp 1).
+  void all_reduce(float* data, int64_t n) {
+    if (tp_ > 1) comm_->all_reduce_sum(data, n);
+  }
   // Binds every tensor of spec_ to its member, then derives the absorbed per-head copies.
   Status load_weights();
   // Where a spec entry lives in this model; optional parts are created as their tensors arrive.
@@ -248,6 +278,19 @@ class DeepseekModel {
   // ([conv - 1, width] each) then [len] recurrent states [heads, K, V].
   Buffer kda_steps_;
   std::array<KdaSeqGroup, 3> kda_groups_;  // kda_attention's per-call grouping, reused
+
+  // Tensor parallelism
+  std::shared_ptr<Communicator> comm_;
+  int tp_ = 1, tp_rank_ = 0;
+  bool tp_loaded_ = false;
+  int64_t heads_ = 0;             // attention heads on this rank
+  int64_t vocab_per_rank_ = 0;    // lm_head rows per rank (the last rank's may be fewer: zero-padded)
+  std::deque<OwnedWeightBytes> owned_;  // column slices copied out of the checkpoint
+  Buffer logits_local_, logits_gathered_;  // [R, vocab_per_rank], [tp, R, vocab_per_rank]
+  // Worker ranks: caches mirroring rank 0's, by PagedLatentCache::id(), the most recent last; rank
+  // 0 keeps the same list of ids so that it can refuse to step a cache the workers evicted.
+  std::vector<std::pair<uint64_t, std::unique_ptr<PagedLatentCache>>> tp_caches_;
+  std::vector<uint64_t> tp_cache_ids_, tp_evicted_ids_;
   std::vector<int64_t> kda_step_base_;
   std::vector<int32_t> kda_step_len_;
 };

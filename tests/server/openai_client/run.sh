@@ -4,6 +4,9 @@
 # stops the server with SIGTERM. Exit 0: passed; 77: skipped (no node, or no node_modules: run
 # `npm ci --prefix tests/server/openai_client`); anything else: failed.
 # Usage: tests/server/openai_client/run.sh [BUILD_DIR]   (default: build; or $MOAT_BUILD_DIR)
+# MOAT_TP=N runs the server tensor-parallel: `mpirun -np N moat serve --tp N`. Its SIGTERM goes
+# to rank 0 (mpirun would end the whole job at once, exiting 1): rank 0 shuts down gracefully, the
+# worker ranks follow it, and mpirun must exit 0.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
@@ -24,8 +27,17 @@ fi
 port=$(node -e "const s=require('net').createServer().listen(0,'127.0.0.1',()=>{console.log(s.address().port);s.close()})")
 key="moat-test-key-$$"
 log=$(mktemp "${TMPDIR:-/tmp}/moat-openai-client.XXXXXX.log")
-"$moat" serve --model "$model" --host 127.0.0.1 --port "$port" --api-key "$key" --exact --max-context 4096 \
-  >"$log" 2>&1 &
+launch=()
+tp=${MOAT_TP:-1}
+extra=()
+if [ "$tp" != 1 ]; then
+  extra=(--threads 1)  # one thread per rank: the ranks share this machine's cores
+  command -v mpirun >/dev/null 2>&1 || { echo "SKIP: MOAT_TP=$tp needs mpirun (apt-get install openmpi-bin)"; exit 77; }
+  launch=(mpirun --oversubscribe -np "$tp")
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+"${launch[@]}" "$moat" serve --model "$model" --host 127.0.0.1 --port "$port" --api-key "$key" --exact --max-context 4096 \
+  --tp "$tp" "${extra[@]}" >"$log" 2>&1 &
 pid=$!
 stop_server() {
   if kill -0 "$pid" 2>/dev/null; then
@@ -56,7 +68,15 @@ echo "moat serve on port $port (pid $pid); running test.mjs"
 node "$here/test.mjs" "http://127.0.0.1:$port/v1" "$key" k3-nano || fail "the openai client test failed (output above)"
 
 trap - EXIT
-kill -TERM "$pid"
+# the process to signal: moat itself, or at --tp > 1 mpirun's child of rank 0
+target=$pid
+if [ "$tp" != 1 ]; then
+  for child in $(pgrep -P "$pid"); do
+    if tr '\0' '\n' < "/proc/$child/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=0'; then target=$child; fi
+  done
+  [ "$target" != "$pid" ] || fail "no rank-0 process under mpirun (pid $pid)"
+fi
+kill -TERM "$target"
 rc=0
 for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
 if kill -0 "$pid" 2>/dev/null; then

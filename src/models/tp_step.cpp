@@ -1,0 +1,146 @@
+// Tensor parallelism's step protocol: rank 0's forward sends each step (the batch and which cache
+// it runs on) to the worker ranks, which run the same step on their own weights and caches. Every
+// rank then meets the others in the same all-reduces, in the same order.
+#include <csignal>
+#include <cstring>
+
+#include "base/log.h"
+#include "models/deepseek_v3.h"
+
+namespace moat {
+
+namespace {
+
+// Fixed-size, sent first: what to do, and the sizes of what follows.
+struct TpStepHeader {
+  int64_t command = 0;  // 0: forward, 1: shut down
+  uint64_t cache_id = 0;
+  int64_t cache_blocks = 0, block_size = 0, cache_layers = 0, cache_dim = 0, cache_dtype = 0;
+  int64_t num_tokens = 0, num_sequences = 0, max_blocks = 0, num_logit_rows = 0;
+};
+
+// Workers keep this many caches (rank 0 makes one per engine, one per scored sequence); rank 0
+// refuses to step a cache that fell out of the list rather than let a worker attend to rows it
+// never wrote.
+constexpr size_t kMaxMirroredCaches = 8;
+
+// The batch's arrays, one after another, as int64: tokens, positions, slot_mapping, token_seq [T];
+// query_start [S + 1]; context_lens, state_slots [S]; block_tables [S, max_blocks]; logit_rows [R].
+std::vector<int64_t> pack(const ForwardBatch& b) {
+  std::vector<int64_t> out;
+  auto put = [&out](const auto& v) { out.insert(out.end(), v.begin(), v.end()); };
+  put(b.tokens);
+  put(b.positions);
+  put(b.slot_mapping);
+  put(b.token_seq);
+  put(b.query_start);
+  put(b.context_lens);
+  put(b.state_slots);
+  put(b.block_tables);
+  put(b.logit_rows);
+  return out;
+}
+
+ForwardBatch unpack(const TpStepHeader& h, const std::vector<int64_t>& in) {
+  ForwardBatch b;
+  const int64_t T = h.num_tokens, S = h.num_sequences;
+  size_t at = 0;
+  auto take = [&](auto& v, int64_t n) {
+    v.assign(in.begin() + static_cast<int64_t>(at), in.begin() + static_cast<int64_t>(at) + n);
+    at += static_cast<size_t>(n);
+  };
+  take(b.tokens, T);
+  take(b.positions, T);
+  take(b.slot_mapping, T);
+  take(b.token_seq, T);
+  take(b.query_start, S + 1);
+  take(b.context_lens, S);
+  take(b.state_slots, S);
+  take(b.block_tables, S * h.max_blocks);
+  take(b.logit_rows, h.num_logit_rows);
+  MOAT_CHECK(at == in.size(), "tensor-parallel step: {} values received, {} read", in.size(), at);
+  b.max_blocks = static_cast<int32_t>(h.max_blocks);
+  b.block_size = static_cast<int32_t>(h.block_size);
+  return b;
+}
+
+int64_t packed_size(const TpStepHeader& h) {
+  return 4 * h.num_tokens + (h.num_sequences + 1) + 2 * h.num_sequences + h.num_sequences * h.max_blocks +
+         h.num_logit_rows;
+}
+
+// Moves id to the back of the list (most recent); returns the id it pushed out, or 0.
+uint64_t touch(std::vector<uint64_t>& ids, uint64_t id) {
+  std::erase(ids, id);
+  ids.push_back(id);
+  if (ids.size() <= kMaxMirroredCaches) return 0;
+  const uint64_t evicted = ids.front();
+  ids.erase(ids.begin());
+  return evicted;
+}
+
+}  // namespace
+
+void DeepseekModel::send_tp_step(int64_t command, const ForwardBatch* batch, const PagedLatentCache* cache) {
+  TpStepHeader h;
+  h.command = command;
+  std::vector<int64_t> packed;
+  if (command == 0) {
+    MOAT_CHECK(batch != nullptr && cache != nullptr, "a forward step needs its batch and cache");
+    MOAT_CHECK(std::find(tp_evicted_ids_.begin(), tp_evicted_ids_.end(), cache->id()) == tp_evicted_ids_.end(),
+               "a tensor-parallel model steps at most {} latent caches in turn: this one's mirror on the worker "
+               "ranks was dropped",
+               kMaxMirroredCaches);
+    if (uint64_t evicted = touch(tp_cache_ids_, cache->id())) tp_evicted_ids_.push_back(evicted);
+    h.cache_id = cache->id();
+    h.cache_blocks = cache->num_blocks();
+    h.block_size = cache->block_size();
+    h.cache_layers = cache->shape().num_layers;
+    h.cache_dim = cache->shape().dim;
+    h.cache_dtype = static_cast<int64_t>(cache->shape().dtype);
+    h.num_tokens = batch->num_tokens();
+    h.num_sequences = batch->num_sequences();
+    h.max_blocks = batch->max_blocks;
+    h.num_logit_rows = static_cast<int64_t>(batch->logit_rows.size());
+    packed = pack(*batch);
+    MOAT_CHECK(static_cast<int64_t>(packed.size()) == packed_size(h), "tensor-parallel step packs {} values, expected {}",
+               packed.size(), packed_size(h));
+  }
+  comm_->broadcast_idle(&h, sizeof(h), 0);  // the workers wait for it in broadcast_idle
+  if (command == 0) comm_->broadcast(packed.data(), static_cast<int64_t>(sizeof(int64_t) * packed.size()), 0);
+}
+
+void DeepseekModel::run_tp_worker() {
+  MOAT_CHECK(tp_ > 1 && tp_rank_ > 0, "run_tp_worker is for ranks 1.. of a tensor-parallel group");
+  // mpirun passes Ctrl-C / SIGTERM to every rank; rank 0 decides when the job ends (it finishes or
+  // aborts its requests first), so the workers wait for its word.
+  std::signal(SIGINT, SIG_IGN);
+  std::signal(SIGTERM, SIG_IGN);
+  std::vector<int64_t> packed;
+  for (;;) {
+    TpStepHeader h;
+    comm_->broadcast_idle(&h, sizeof(h), 0);
+    if (h.command == 1) return;
+    MOAT_CHECK(h.command == 0, "unknown tensor-parallel command {}", h.command);
+    packed.resize(static_cast<size_t>(packed_size(h)));
+    comm_->broadcast(packed.data(), static_cast<int64_t>(sizeof(int64_t) * packed.size()), 0);
+    const ForwardBatch batch = unpack(h, packed);
+    const LatentCacheShape shape{h.cache_layers, h.cache_dim, static_cast<DType>(h.cache_dtype)};
+    auto it = std::find_if(tp_caches_.begin(), tp_caches_.end(), [&](const auto& c) { return c.first == h.cache_id; });
+    if (it == tp_caches_.end()) {
+      tp_caches_.emplace_back(h.cache_id, std::make_unique<PagedLatentCache>(shape, static_cast<int32_t>(h.cache_blocks),
+                                                                             static_cast<int32_t>(h.block_size)));
+      it = tp_caches_.end() - 1;
+    }
+    const PagedLatentCache& mirror = *it->second;
+    MOAT_CHECK(mirror.num_blocks() == h.cache_blocks && mirror.block_size() == h.block_size &&
+                   mirror.shape().num_layers == h.cache_layers && mirror.shape().dim == h.cache_dim,
+               "rank 0's cache {} changed shape", h.cache_id);
+    // the same recency order as rank 0's list
+    std::rotate(it, it + 1, tp_caches_.end());
+    if (tp_caches_.size() > kMaxMirroredCaches) tp_caches_.erase(tp_caches_.begin());
+    forward_local(batch, *tp_caches_.back().second, nullptr, nullptr, {});
+  }
+}
+
+}  // namespace moat
