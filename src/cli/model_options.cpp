@@ -32,6 +32,9 @@ void ModelOptions::add_to(CLI::App& sub) {
                  "tensor-parallel degree: run as `mpirun -np N moat ... --tp N` (one rank per process, heads and "
                  "MLP widths split across ranks; rank 0 runs the command)")
       ->check(CLI::Range(1, 1024));
+  sub.add_flag("--ep,--enable-expert-parallel", ep,
+               "with --tp: split the routed experts by expert across the ranks (each holds whole experts) instead of "
+               "splitting every expert's intermediate width");
 }
 
 Result<std::shared_ptr<Communicator>> ModelOptions::communicator() const {
@@ -75,7 +78,8 @@ Result<std::unique_ptr<DeepseekModel>> ModelOptions::load(const std::string& mod
                                      .kv_dtype = kv,
                                      .threads = threads,
                                      .mtp = mtp,
-                                     .comm = std::move(comm)});
+                                     .comm = comm,
+                                     .expert_parallel = ep && comm != nullptr});
 }
 
 void EngineOptions::add_to(CLI::App& sub) {

@@ -20,6 +20,7 @@ struct ModelOptions {
   bool exact = false;  // OpTable::set_exact_activations
   std::string kv_dtype = "bf16";
   int tp = 1;  // tensor-parallel degree: mpirun -np tp, one rank per process
+  bool ep = false;  // routed experts split by expert across the tp ranks
 
   std::string dir() const;
   // Under --tp > 1 (mpirun): the MPI world, checked to have tp ranks; null at --tp 1.

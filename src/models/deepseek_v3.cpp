@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <span>
+#include <tuple>
 
 #include "base/log.h"
 #include "loader/weight_map.h"
@@ -10,6 +12,10 @@
 #include "models/registry.h"
 
 namespace moat {
+
+std::pair<int64_t, int64_t> expert_range_of_rank(int64_t experts, int tp, int rank) {
+  return {experts * rank / tp, experts * (rank + 1) / tp};
+}
 
 Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::filesystem::path& dir,
                                                            const Options& options) {
@@ -40,6 +46,14 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::filesystem
   }
   MOAT_ASSIGN_OR_RETURN(ops::ModelOpNeeds needs, model_op_needs(c, model->tp_, options.kv_dtype));
   model->heads_ = needs.heads_per_rank;
+  model->expert_begin_ = 0;
+  model->expert_end_ = c.n_routed_experts;
+  if (options.expert_parallel && model->tp_ > 1) {
+    if (c.n_routed_experts < model->tp_)
+      return make_error("--ep over {} ranks: the model has only {} routed experts", model->tp_, c.n_routed_experts);
+    std::tie(model->expert_begin_, model->expert_end_) =
+        expert_range_of_rank(c.n_routed_experts, model->tp_, model->tp_rank_);
+  }
   model->vocab_per_rank_ = (c.vocab_size + model->tp_ - 1) / model->tp_;
   MOAT_ASSIGN_OR_RETURN(model->ops_, ops::OpTable::resolve(options.backend, needs));
   if (options.max_context <= 0) return make_error("max context must be > 0, got {}", options.max_context);
@@ -133,7 +147,9 @@ T& created(std::optional<T>& part) {
 Status DeepseekModel::shard_matrix(const TensorSpec& t, WeightMatrix& m) {
   if (tp_ == 1) return ok_status();
   TpSplit split = t.split;
-  // Routed experts split inside each expert (gate/up by column, down by row), as a dense MLP.
+  // EP: an expert stays whole (only its owner reads it: the others' views of it are never
+  // touched, so its pages are never read). TP: split inside each expert, as a dense MLP.
+  if (split == TpSplit::expert && options_.expert_parallel) return ok_status();
   if (split == TpSplit::expert) split = t.role == Role::down_proj ? TpSplit::row : TpSplit::column;
   auto named = [&](Result<WeightMatrix> r) -> Status {
     if (!r.ok()) return make_error("{} at --tp {}: {}", t.name, tp_, r.error().message);
@@ -619,6 +635,10 @@ void DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t T, float* o
                           static_cast<float>(c.routed_scaling_factor),
                           topk_ids_.data(), topk_weights_.data()};
   ops_.moe_route(route);
+  if (expert_end_ - expert_begin_ < E) {  // EP: the other ranks' experts are theirs to run
+    for (int32_t& id : std::span(topk_ids_.data(), static_cast<size_t>(T * K)))
+      if (id < expert_begin_ || id >= expert_end_) id = -1;
+  }
 
   // Shared experts see every token, unscaled.
   if (w.shared) {

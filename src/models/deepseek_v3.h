@@ -111,6 +111,10 @@ struct ForwardExtras {
   bool keep_step_states = false;
 };
 
+// Expert parallelism's split: the routed experts rank `rank` of `tp` holds, [first, last). Every
+// expert on exactly one rank; when tp does not divide the count, some ranks hold one more.
+std::pair<int64_t, int64_t> expert_range_of_rank(int64_t experts, int tp, int rank);
+
 class DeepseekModel {
  public:
   struct Options {
@@ -131,6 +135,11 @@ class DeepseekModel {
     // cache and the router replicated. One all-reduce after each attention and each MLP / MoE.
     // Rank 0 runs forward as usual; the other ranks run run_tp_worker(). Null: one rank.
     std::shared_ptr<Communicator> comm;
+    // With comm: routed experts split by expert (EP: rank r holds experts [E r / tp, E (r + 1) / tp),
+    // whole; an uneven E just gives some ranks one more) instead of each expert's intermediate width
+    // split across the ranks (TP). Shared experts and dense MLPs stay TP. Still one all-reduce per
+    // MoE layer.
+    bool expert_parallel = false;
   };
 
   ~DeepseekModel();
@@ -184,6 +193,8 @@ class DeepseekModel {
   int tp_size() const { return tp_; }
   int tp_rank() const { return tp_rank_; }
   int64_t heads_per_rank() const { return heads_; }
+  // The routed experts this rank computes, [first, last): all of them unless expert_parallel.
+  std::pair<int64_t, int64_t> experts_of_rank() const { return {expert_begin_, expert_end_}; }
   // Ranks other than 0: runs every step rank 0's forward sends, on caches of the same geometry as
   // rank 0's (the latent cache is replicated: the same block ids hold the same rows on every rank),
   // until rank 0's model is destroyed. Waiting between steps sleeps instead of spinning.
@@ -284,6 +295,7 @@ class DeepseekModel {
   int tp_ = 1, tp_rank_ = 0;
   bool tp_loaded_ = false;
   int64_t heads_ = 0;             // attention heads on this rank
+  int64_t expert_begin_ = 0, expert_end_ = 0;  // routed experts on this rank (expert_parallel)
   int64_t vocab_per_rank_ = 0;    // lm_head rows per rank (the last rank's may be fewer: zero-padded)
   std::deque<OwnedWeightBytes> owned_;  // column slices copied out of the checkpoint
   Buffer logits_local_, logits_gathered_;  // [R, vocab_per_rank], [tp, R, vocab_per_rank]

@@ -160,7 +160,9 @@ struct InnerOps {
 struct MoeExpertsArgs {
   const float* x;               // [T, hidden]
   int64_t num_tokens, hidden, top_k;
-  const int32_t* topk_ids;      // [T, top_k], in [0, num_experts)
+  // [T, top_k], in [0, num_experts), or -1: an expert another rank holds (expert parallelism),
+  // which this call skips (its rows add nothing to out)
+  const int32_t* topk_ids;
   const float* topk_weights;    // [T, top_k]
   const MlpWeights* experts;    // [num_experts] host array; gate/up [inter, hidden], down [hidden, inter]
   int64_t num_experts, intermediate;

@@ -80,25 +80,29 @@ void expect_logits_match(const float* got, const float* ref, int64_t vocab, cons
 
 // As the golden tests: exact activations and an fp32 latent cache, so only the order of the
 // partial sums differs from the reference.
-DeepseekModel::Options golden_options(std::shared_ptr<Communicator> comm) {
+DeepseekModel::Options golden_options(std::shared_ptr<Communicator> comm, bool expert_parallel = false) {
   return {.backend = ops::Backend::cpu, .max_context = 256, .exact_activations = true, .kv_dtype = DType::F32,
-          .threads = 1, .comm = std::move(comm)};
+          .threads = 1, .comm = std::move(comm), .expert_parallel = expert_parallel};
 }
 
-class TensorParallelGolden : public ::testing::TestWithParam<std::string> {};
+// (fixture, expert parallelism)
+class TensorParallelGolden : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
 
 TEST_P(TensorParallelGolden, PrefillAndDecodeMatchReferenceAndOneRank) {
   if (!multi_rank()) GTEST_SKIP() << "run under mpirun -np 2 (or more)";
-  const std::string name = GetParam();
+  const auto& [name, ep] = GetParam();
   const auto golden_file = kRoot / "tests/golden" / name / "golden.safetensors";
   if (!std::filesystem::exists(golden_file) || !std::filesystem::exists(model_dir_for(name) / "config.json"))
     GTEST_SKIP() << "no fixture for " << name;  // the same answer on every rank
   auto comm = world();
-  auto loaded = DeepseekModel::load(model_dir_for(name), golden_options(comm));
+  auto loaded = DeepseekModel::load(model_dir_for(name), golden_options(comm, ep));
   ASSERT_TRUE(loaded.ok()) << loaded.error().message;
   DeepseekModel& m = **loaded;
   EXPECT_EQ(m.tp_size(), comm->size());
   EXPECT_EQ(m.heads_per_rank() * comm->size(), m.config().num_attention_heads);
+  const auto [first, last] = m.experts_of_rank();
+  const int64_t E = m.config().n_routed_experts;
+  EXPECT_EQ(last - first, ep ? E / comm->size() : E);
   if (comm->rank() > 0) {
     m.run_tp_worker();
     return;
@@ -136,7 +140,11 @@ TEST_P(TensorParallelGolden, PrefillAndDecodeMatchReferenceAndOneRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelGolden,
-                         ::testing::Values("tiny_qlora", "tiny_v2lite", "k3_nano", "k3_nano_draft"));
+                         ::testing::Combine(::testing::Values("tiny_qlora", "tiny_v2lite", "k3_nano", "k3_nano_draft"),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + (std::get<1>(info.param) ? "_ep" : "_tp");
+                         });
 
 // What TP cannot split is refused at load, on every rank alike, naming the tensor: an fp8 matrix
 // whose per-rank rows or columns would cut a 128 x 128 scale block (tiny_fp8's q_b_proj: 12 heads
@@ -171,10 +179,13 @@ std::map<uint64_t, std::vector<int32_t>> run_all(Engine& e) {
 
 // The engine on rank 0 over the shipped model at TP N: requests batched together, with chunked
 // prefill (a small token budget per step) and a shared prefix, generate exactly TP 1's greedy tokens.
-TEST(TensorParallel, EngineGreedyTokensEqualOneRank) {
+class TensorParallelEngine : public ::testing::TestWithParam<bool> {};
+
+TEST_P(TensorParallelEngine, GreedyTokensEqualOneRank) {
   if (!multi_rank()) GTEST_SKIP() << "run under mpirun -np 2 (or more)";
   auto comm = world();
-  DeepseekModel::Options options{.backend = ops::Backend::cpu, .max_context = 512, .threads = 1, .comm = comm};
+  DeepseekModel::Options options{.backend = ops::Backend::cpu, .max_context = 512, .threads = 1, .comm = comm,
+                                 .expert_parallel = GetParam()};
   auto loaded = DeepseekModel::load(kRoot / "models/k3-nano", options);
   ASSERT_TRUE(loaded.ok()) << loaded.error().message;
   if (comm->rank() > 0) {
@@ -182,6 +193,7 @@ TEST(TensorParallel, EngineGreedyTokensEqualOneRank) {
     return;
   }
   options.comm = nullptr;
+  options.expert_parallel = false;
   auto one = DeepseekModel::load(kRoot / "models/k3-nano", options);
   ASSERT_TRUE(one.ok()) << one.error().message;
   std::vector<std::vector<int32_t>> prompts;
@@ -214,6 +226,9 @@ TEST(TensorParallel, EngineGreedyTokensEqualOneRank) {
     EXPECT_EQ(tp[i], single[i]) << "request " << i << " at tp " << comm->size();
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Experts, TensorParallelEngine, ::testing::Bool(),
+                         [](const auto& info) { return std::string(info.param ? "ep" : "tp"); });
 
 }  // namespace
 }  // namespace moat

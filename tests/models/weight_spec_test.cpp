@@ -464,3 +464,30 @@ TEST(WeightSpec, MtpHeadSpecIsTheCheckpointsExtraLayer) {
 
 }  // namespace
 }  // namespace moat
+
+namespace moat {
+namespace {
+
+// Expert parallelism puts every routed expert on exactly one rank, contiguous ranges in rank
+// order, differing in size by at most one when the ranks do not divide the experts.
+TEST(ExpertParallelSplit, EveryExpertOnExactlyOneRankBalancedWithinOne) {
+  for (int64_t experts : {8, 16, 64, 256, 384, 7})
+    for (int tp : {1, 2, 3, 4, 5, 8, 16}) {
+      if (tp > experts) continue;
+      int64_t next = 0, smallest = experts, largest = 0;
+      for (int rank = 0; rank < tp; ++rank) {
+        const auto [first, last] = expert_range_of_rank(experts, tp, rank);
+        EXPECT_EQ(first, next) << experts << " experts, tp " << tp << ", rank " << rank;
+        next = last;
+        smallest = std::min(smallest, last - first);
+        largest = std::max(largest, last - first);
+      }
+      EXPECT_EQ(next, experts) << experts << " experts, tp " << tp;
+      EXPECT_LE(largest - smallest, 1) << experts << " experts, tp " << tp;
+    }
+  const auto [first, last] = expert_range_of_rank(16, 3, 2);
+  EXPECT_EQ(last - first, 6);  // 5, 5, 6
+}
+
+}  // namespace
+}  // namespace moat

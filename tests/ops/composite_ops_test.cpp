@@ -182,6 +182,57 @@ TEST(OpsMoeExperts, EveryHostKernelMatchesReference) {
   }
 }
 
+// Expert parallelism: each rank passes -1 for the experts another rank holds. The two ranks'
+// outputs (experts 0-3 and 4-7, a token's experts on either or both) sum to the whole layer's, on
+// the reference and on every host kernel, at one token (decode) and at several.
+TEST(OpsMoeExperts, ExpertsHeldByAnotherRankAreSkipped) {
+  std::mt19937 rng(23);
+  OpTable exact = cpu_table(true);
+  const int64_t H = 40, I = 24, E = 8, K = 3;
+  std::vector<OwnedWeight> owned;
+  std::vector<MlpWeights> experts(E);
+  owned.reserve(3 * E);
+  for (int64_t e = 0; e < E; ++e) {
+    owned.push_back(make_weight(DType::BF16, I, H, rng));
+    experts[e].gate_proj = owned.back().w;
+    owned.push_back(make_weight(DType::BF16, I, H, rng));
+    experts[e].up_proj = owned.back().w;
+    owned.push_back(make_weight(DType::BF16, H, I, rng));
+    experts[e].down_proj = owned.back().w;
+  }
+  std::vector<const KernelEntry*> kernels = host_composites(OpId::moe_experts, DType::BF16);
+  kernels.push_back(Registry::global().kernels(OpId::moe_experts, Backend::reference).front());
+  for (int64_t T : {1, 5}) {
+    const auto x = randn(static_cast<size_t>(T * H), rng);
+    std::vector<int32_t> ids(static_cast<size_t>(T * K));
+    std::vector<float> weights(ids.size());
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> pick = {0, 1, 2, 3, 4, 5, 6, 7};
+      std::shuffle(pick.begin(), pick.end(), rng);
+      for (int64_t k = 0; k < K; ++k) {
+        ids[t * K + k] = pick[k];
+        weights[t * K + k] = 0.1f + 0.3f * static_cast<float>(k);
+      }
+    }
+    const auto* ref = Registry::global().kernels(OpId::moe_experts, Backend::reference).front();
+    std::vector<float> whole(static_cast<size_t>(T * H), 0.0f);
+    MoeExpertsArgs a{x.data(), T, H, K, ids.data(), weights.data(), experts.data(), E, I, whole.data()};
+    fn_of<MoeExpertsFn>(ref)(a, exact.inner_ops());
+    for (const KernelEntry* k : kernels) {
+      std::vector<float> sum(whole.size(), 0.0f);
+      for (int rank = 0; rank < 2; ++rank) {
+        std::vector<int32_t> local = ids;
+        for (int32_t& e : local)
+          if (e / 4 != rank) e = -1;
+        a.topk_ids = local.data();
+        a.out = sum.data();  // each rank's share is added into out
+        fn_of<MoeExpertsFn>(k)(a, exact.inner_ops());
+      }
+      EXPECT_LE(normalized_error(sum, whole), 1e-5) << k->name << " T=" << T;
+    }
+  }
+}
+
 TEST(OpsHeadMatmul, EveryHostKernelMatchesReferenceOnStridedHeads) {
   std::mt19937 rng(22);
   OpTable exact = cpu_table(true), fast = cpu_table(false);

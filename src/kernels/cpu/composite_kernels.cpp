@@ -40,16 +40,22 @@ void moe_experts_cpu(const MoeExpertsArgs& a, const InnerOps& inner) {
   const int64_t R = T * K;
   // Counting sort of the routed rows by expert, so each expert's weights stream from memory once
   // per call however many tokens chose it.
+  // Rows of experts held by other ranks (id -1, expert parallelism) get no row: row_of -1.
   s.expert_begin.assign(static_cast<size_t>(E + 1), 0);
+  bool skipped = false;
   for (int64_t i = 0; i < R; ++i) {
     const int32_t e = a.topk_ids[i];
+    if (e == -1) {
+      skipped = true;
+      continue;
+    }
     MOAT_CHECK(e >= 0 && e < E, "expert id {} outside {} experts", e, E);
     ++s.expert_begin[e + 1];
   }
   for (int64_t e = 0; e < E; ++e) s.expert_begin[e + 1] += s.expert_begin[e];
   s.fill.assign(s.expert_begin.begin(), s.expert_begin.end() - 1);
   s.row_of.resize(static_cast<size_t>(R));
-  for (int64_t i = 0; i < R; ++i) s.row_of[i] = s.fill[a.topk_ids[i]]++;
+  for (int64_t i = 0; i < R; ++i) s.row_of[i] = a.topk_ids[i] == -1 ? -1 : s.fill[a.topk_ids[i]]++;
   s.active.clear();
   for (int64_t e = 0; e < E; ++e)
     if (s.expert_begin[e + 1] > s.expert_begin[e]) s.active.push_back(static_cast<int32_t>(e));
@@ -60,10 +66,11 @@ void moe_experts_cpu(const MoeExpertsArgs& a, const InnerOps& inner) {
   grow(s.gate, R * I);
   grow(s.up, R * I);
   // One token (decode of one stream): every expert's single row is x itself, nothing to gather.
-  const bool gather = T > 1;
+  const bool gather = T > 1 || skipped;
   if (gather) {
     grow(s.in, R * H);
-    for (int64_t i = 0; i < R; ++i) std::memcpy(&s.in[s.row_of[i] * H], a.x + (i / K) * H, sizeof(float) * H);
+    for (int64_t i = 0; i < R; ++i)
+      if (s.row_of[i] >= 0) std::memcpy(&s.in[s.row_of[i] * H], a.x + (i / K) * H, sizeof(float) * H);
   }
 
   const SiluMulFn silu_mul = inner.silu_mul;
@@ -100,7 +107,8 @@ void moe_experts_cpu(const MoeExpertsArgs& a, const InnerOps& inner) {
   pool.parallel_for(T, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t k = 0; k < K; ++k)
-        inner.add_scaled(a.out + t * H, &s.out[s.row_of[t * K + k] * H], a.topk_weights[t * K + k], H);
+        if (s.row_of[t * K + k] >= 0)
+          inner.add_scaled(a.out + t * H, &s.out[s.row_of[t * K + k] * H], a.topk_weights[t * K + k], H);
   }, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, K * H)));
 }
 

@@ -539,6 +539,7 @@ __global__ void argmax_kernel(const float* x, int64_t n, int32_t* out) {
 // grouped[row_of[i]] = x[i / K]: one block per routed row.
 __global__ void moe_gather_kernel(const float* x, const int32_t* row_of, int64_t K, int64_t H, float* grouped) {
   const int64_t i = blockIdx.x;
+  if (row_of[i] < 0) return;  // an expert another rank holds
   const float* src = x + (i / K) * H;
   float* dst = grouped + static_cast<int64_t>(row_of[i]) * H;
   for (int64_t j = threadIdx.x; j < H; j += blockDim.x) dst[j] = src[j];
@@ -549,7 +550,8 @@ __global__ void moe_combine_kernel(const float* y, const int32_t* row_of, const 
   const int64_t t = blockIdx.x;
   for (int64_t j = threadIdx.x; j < H; j += blockDim.x) {
     float acc = out[t * H + j];
-    for (int64_t k = 0; k < K; ++k) acc += w[t * K + k] * y[static_cast<int64_t>(row_of[t * K + k]) * H + j];
+    for (int64_t k = 0; k < K; ++k)
+      if (row_of[t * K + k] >= 0) acc += w[t * K + k] * y[static_cast<int64_t>(row_of[t * K + k]) * H + j];
     out[t * H + j] = acc;
   }
 }
@@ -750,6 +752,7 @@ void moe_experts(const MoeExpertsArgs& a, const InnerOps& inner) {
   MOAT_CUDA_OK(cudaMemcpy(ids.data(), a.topk_ids, sizeof(int32_t) * R, cudaMemcpyDeviceToHost));
   std::vector<int64_t> begin(static_cast<size_t>(E + 1), 0);
   for (int32_t e : ids) {
+    if (e == -1) continue;  // an expert another rank holds (expert parallelism)
     if (e < 0 || e >= E) {
       std::fprintf(stderr, "cuda.moe_experts: expert id %d outside %lld experts\n", e, static_cast<long long>(E));
       std::abort();
@@ -758,7 +761,7 @@ void moe_experts(const MoeExpertsArgs& a, const InnerOps& inner) {
   }
   for (int64_t e = 0; e < E; ++e) begin[e + 1] += begin[e];
   std::vector<int64_t> fill(begin.begin(), begin.end() - 1);
-  for (int64_t i = 0; i < R; ++i) row_of[i] = static_cast<int32_t>(fill[ids[i]]++);
+  for (int64_t i = 0; i < R; ++i) row_of[i] = ids[i] == -1 ? -1 : static_cast<int32_t>(fill[ids[i]]++);
   static Scratch row_scratch, in_scratch, out_scratch, gate_scratch, up_scratch;
   auto* d_row_of = static_cast<int32_t*>(row_scratch.get(sizeof(int32_t) * R));
   auto* in = static_cast<float*>(in_scratch.get(sizeof(float) * R * H));     // [R, H] grouped x

@@ -300,6 +300,7 @@ void moe_experts_ref(const MoeExpertsArgs& a, const InnerOps&) {
     std::fill(y.begin(), y.end(), 0.0);
     for (int64_t k = 0; k < a.top_k; ++k) {
       const int32_t e = a.topk_ids[t * a.top_k + k];
+      if (e == -1) continue;  // held by another rank
       MOAT_CHECK(e >= 0 && e < a.num_experts, "expert id {} outside {} experts", e, a.num_experts);
       const MlpWeights& w = a.experts[e];
       for (int64_t i = 0; i < I; ++i) {
