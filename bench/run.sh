@@ -12,6 +12,8 @@
 #   ONLY=kimi bench/run.sh  reruns section 3 alone (its kernel rows with kernel_bench --kda-only, which
 #                            measures the bandwidth and peak probes again) and replaces that section of
 #                            the existing BENCHMARKS.md (between its marker comments) in place
+#   ONLY=tp bench/run.sh    reruns the tensor-parallel section (bench/tp_bench.sh: mpirun, ~1 minute)
+#                            and replaces it in place
 #   ONLY=serve bench/run.sh reruns the engine-core rows and `moat serve` over HTTP (the overhead table
 #                            needs both from one run) and replaces the serve section and its plot,
 #                            docs/bench_serve.png, in place
@@ -28,7 +30,7 @@ ONLY=${ONLY:-}
 load_before=$(cut -d' ' -f1 /proc/loadavg)
 if [[ "$ONLY" == kimi ]]; then
   kernels=$("$BUILD_DIR/kernel_bench" --threads "$THREADS" --kda-only --markdown)
-elif [[ "$ONLY" == serve ]]; then
+elif [[ "$ONLY" == serve || "$ONLY" == tp ]]; then
   kernels=""
 else
   kernels=$("$BUILD_DIR/kernel_bench" --threads "$THREADS" --markdown)
@@ -45,7 +47,7 @@ load_after=$(cut -d' ' -f1 /proc/loadavg)
 MODELS=${MODELS:-models/k3-nano checkpoints/bench checkpoints/bench-fp8}
 # Kimi-Linear-48B-shaped hybrid (4 layers: KDA x 3 then MLA, 64 routed experts in MXFP4); KIMI= skips it.
 KIMI=${KIMI-checkpoints/bench-kimi}
-[[ "$ONLY" == serve ]] && KIMI=""
+[[ "$ONLY" == serve || "$ONLY" == tp ]] && KIMI=""
 if [[ -n "$KIMI" && ! -f "$KIMI/config.json" ]]; then
   /usr/bin/python3 tools/make_checkpoint.py --preset bench-kimi --out "$KIMI" --shards 3 >/dev/null
 fi
@@ -183,6 +185,29 @@ if [[ "$ONLY" == kimi ]]; then
   replace_section kimi "$OUT.kimi" "## moat serve over HTTP"
   rm -f "$OUT.kimi"
   echo "replaced the Kimi section of $OUT (load average $load_before before the kernel probes, $load_after after)"
+  exit 0
+fi
+
+# Tensor parallelism (bench/tp_bench.sh): TP 2 under mpirun against TP 1 on the same two cores,
+# and the modelled all-reduce cost of Kimi K3 at TP 8. Needs mpirun and checkpoints/bench-serve
+# (bench/serve_bench.sh links a tokenizer beside the bench checkpoint).
+tp_section() {
+  local rows
+  rows=$(BUILD_DIR="$BUILD_DIR" bench/tp_bench.sh) || return 1
+  echo "<!-- bench/run.sh section: tp (ONLY=tp bench/run.sh regenerates it alone) -->"
+  echo
+  echo "## Tensor and expert parallelism (MPI ranks on one machine)"
+  echo
+  echo "$rows"
+  echo
+  echo "<!-- end of section: tp -->"
+}
+if [[ "$ONLY" == tp ]]; then
+  cmake --build "$BUILD_DIR" --target moat -j2 >/dev/null
+  tp_section > "$OUT.tp"
+  replace_section tp "$OUT.tp" ""
+  rm -f "$OUT.tp"
+  echo "replaced the tensor-parallel section of $OUT"
   exit 0
 fi
 
@@ -400,6 +425,10 @@ fi
   if [[ -n "$serve_rows" ]]; then
     echo
     serve_section
+  fi
+  if command -v mpirun >/dev/null && [[ -f checkpoints/bench-serve/tokenizer.json ]]; then
+    echo
+    tp_section
   fi
 } > "$OUT"
 echo "wrote $OUT"

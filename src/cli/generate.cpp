@@ -122,6 +122,12 @@ int run_generate(const GenerateArgs& a) {
              finish_reason_name(last.finish_reason), generated > 1 && decode_s > 0 ? (generated - 1) / decode_s : 0.0,
              (*model)->thread_pool().num_threads(), ops::backend_name((*model)->ops().backend()),
              dtype_name((*model)->cache_shape().dtype), usage.ru_maxrss / 1024.0);
+  if (const Communicator* comm = (*model)->communicator()) {
+    const CommStats s = comm->stats();
+    fmt::print(stderr, "tp {} ({}{}): rank 0 made {} collectives, {:.2f} MB, {:.3f} s in them ({:.1f}% of the run)\n",
+               comm->size(), comm->name(), a.model.ep ? ", experts split by expert" : "", s.calls, s.bytes / 1e6,
+               s.seconds, 100.0 * s.seconds / std::max(1e-9, prefill_s + decode_s));
+  }
   if (!a.engine.speculative.empty())
     fmt::print(stderr, "speculative {}: {} guessed, {} accepted ({:.1f}%), {:.2f} tokens per verification step\n",
                a.engine.speculative, last.draft_tokens, last.accepted_tokens,

@@ -1,7 +1,11 @@
 #include "cli/model_options.h"
 
+#include <sys/resource.h>
+
 #include <cstdlib>
 #include <filesystem>
+
+#include "base/log.h"
 
 #include "cli/command.h"
 
@@ -61,6 +65,11 @@ Result<std::unique_ptr<DeepseekModel>> ModelOptions::load(int64_t max_context) c
   if (!model) comm->abort(model.error().message);
   if (comm->rank() > 0) {
     (*model)->run_tp_worker();
+    const CommStats s = comm->stats();
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    MOAT_LOG(info, "tp rank {} of {}: peak RSS {:.1f} MiB; {} collectives, {:.2f} MB, {:.3f} s in them", comm->rank(),
+             comm->size(), usage.ru_maxrss / 1024.0, s.calls, s.bytes / 1e6, s.seconds);
     model->reset();
     std::exit(0);
   }

@@ -57,14 +57,19 @@ class MpiWorld final : public Communicator {
   // (recursive doubling and ring both combine the same partial sums in a commutative order); the
   // tensor-parallel tests check the ranks' routing agrees.
   void all_reduce_sum(float* data, int64_t n) override {
+    const auto start = std::chrono::steady_clock::now();
     for (int64_t done = 0; done < n; done += kMaxCount)
       MPI_Allreduce(MPI_IN_PLACE, data + done, static_cast<int>(std::min(kMaxCount, n - done)), MPI_FLOAT, MPI_SUM,
                     MPI_COMM_WORLD);
+    count(n, start);
   }
   void all_gather(const float* local, int64_t n, float* out) override {
     MOAT_CHECK(n <= kMaxCount, "all_gather of {} floats per rank", n);
+    const auto start = std::chrono::steady_clock::now();
     MPI_Allgather(local, static_cast<int>(n), MPI_FLOAT, out, static_cast<int>(n), MPI_FLOAT, MPI_COMM_WORLD);
+    count(n, start);
   }
+  CommStats stats() const override { return stats_; }
   void broadcast(void* data, int64_t bytes, int root) override {
     auto* p = static_cast<char*>(data);
     for (int64_t done = 0; done < bytes; done += kMaxCount)
@@ -95,7 +100,14 @@ class MpiWorld final : public Communicator {
   }
 
  private:
+  void count(int64_t floats, std::chrono::steady_clock::time_point start) {
+    ++stats_.calls;
+    stats_.bytes += floats * static_cast<int64_t>(sizeof(float));
+    stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
   int rank_ = 0, size_ = 1;
+  CommStats stats_;  // the step thread alone makes these calls
 };
 
 void finalize_mpi() {

@@ -15,6 +15,13 @@
 
 namespace moat {
 
+// What a rank's collectives cost so far (all_reduce_sum and all_gather; not the step broadcasts).
+struct CommStats {
+  int64_t calls = 0;
+  int64_t bytes = 0;     // payload per rank: the floats it contributed
+  double seconds = 0.0;  // wall time inside the calls, waiting for the slowest rank included
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -36,6 +43,7 @@ class Communicator {
   // Ends the whole job with this message (MPI_Abort): for a rank that cannot go on, so that the
   // others do not wait forever in their next collective.
   [[noreturn]] virtual void abort(const std::string& why) = 0;
+  virtual CommStats stats() const { return {}; }
 };
 
 // The group of one: every collective is the identity.

@@ -1,5 +1,8 @@
 #include "loader/checkpoint.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -92,12 +95,30 @@ Status check_block_scales(const TensorInfo& t) {
   return ok_status();
 }
 
-Result<Checkpoint> Checkpoint::open(const std::filesystem::path& dir, WeightPlacement placement) {
+Result<Checkpoint> Checkpoint::open(const std::filesystem::path& dir, WeightPlacement placement, bool populate) {
   MOAT_ASSIGN_OR_RETURN(Checkpoint ckpt, open_files(dir, placement));
   for (const auto& file : ckpt.files_)
     for (const auto& t : file->tensors()) MOAT_TRY(check_block_scales(t));
-  if (placement == WeightPlacement::mmap) ckpt.populate_if_it_fits();
+  if (placement == WeightPlacement::mmap && populate) ckpt.populate_if_it_fits();
   return ckpt;
+}
+
+void Checkpoint::populate_range(const void* p, size_t bytes) {
+#ifndef MADV_POPULATE_READ
+  constexpr int MADV_POPULATE_READ = 22;  // Linux 5.14; older headers lack the name
+#endif
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes + page - 1) & ~(page - 1);
+  if (bytes > 0) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ);  // a hint: errors ignored
+}
+
+void Checkpoint::release_range(const void* p, size_t bytes) {
+  // whole pages inside the range only: a neighbour's page stays mapped
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(page - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 void Checkpoint::populate_if_it_fits() const {

@@ -32,8 +32,16 @@ class Checkpoint {
  public:
   // DIR holding model.safetensors.index.json (preferred when both exist) or model.safetensors;
   // a path to a single .safetensors file also works.
+  // populate = false: map without faulting anything in (a tensor-parallel rank reads its share
+  // only, and faults in just those ranges: populate_range).
   static Result<Checkpoint> open(const std::filesystem::path& dir,
-                                 WeightPlacement placement = WeightPlacement::mmap);
+                                 WeightPlacement placement = WeightPlacement::mmap, bool populate = true);
+  // Mapped checkpoints (WeightPlacement::mmap) only: fault in [p, p + bytes) now (2 MiB pages where
+  // the file has them), or drop this process's mapping of the whole pages inside it (release_range:
+  // RSS falls; the page cache keeps them, so a later read refaults them cheaply). Never
+  // release_range anonymous memory (WeightPlacement::memory): MADV_DONTNEED would zero it.
+  static void populate_range(const void* p, size_t bytes);
+  static void release_range(const void* p, size_t bytes);
 
   const TensorInfo* find(std::string_view name) const;
   // Bytes of tensor data over all tensors (what loading the whole checkpoint touches).

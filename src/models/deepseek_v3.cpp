@@ -27,7 +27,9 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::filesystem
   } else {
     MOAT_ASSIGN_OR_RETURN(model->spec_, weight_spec_for(model->config_));
   }
-  MOAT_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(dir, options.weights));
+  // A tensor-parallel rank faults in its own share only (load_weights), not the whole checkpoint.
+  const bool tensor_parallel = options.comm && options.comm->size() > 1;
+  MOAT_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(dir, options.weights, /*populate=*/!tensor_parallel));
   model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint));
   MOAT_TRY(validate_checkpoint(*model->checkpoint_, model->spec_));
   model->comm_ = options.comm;
@@ -147,17 +149,40 @@ T& created(std::optional<T>& part) {
 Status DeepseekModel::shard_matrix(const TensorSpec& t, WeightMatrix& m) {
   if (tp_ == 1) return ok_status();
   TpSplit split = t.split;
-  // EP: an expert stays whole (only its owner reads it: the others' views of it are never
-  // touched, so its pages are never read). TP: split inside each expert, as a dense MLP.
-  if (split == TpSplit::expert && options_.expert_parallel) return ok_status();
-  if (split == TpSplit::expert) split = t.role == Role::down_proj ? TpSplit::row : TpSplit::column;
+  // Mapped weights: fault in what this rank reads (the checkpoint was opened without populating),
+  // and drop its mapping of what it copied out (a column slice touched every page of the whole).
+  const bool mapped = options_.weights == WeightPlacement::mmap;
+  auto advise = [&](const WeightMatrix& w, bool populate) {
+    if (!mapped) return;
+    auto range = [&](const void* p, size_t n) {
+      if (populate) Checkpoint::populate_range(p, n); else Checkpoint::release_range(p, n);
+    };
+    if (w.is_4bit()) {
+      range(w.data, static_cast<size_t>(w.out_features * w.packed_row_bytes()));
+      range(w.group_scales, static_cast<size_t>(w.out_features * w.groups_per_row() * w.group_scale_bytes()));
+    } else {
+      range(w.data, static_cast<size_t>(w.out_features * w.in_features * static_cast<int64_t>(dtype_size(w.dtype))));
+    }
+  };
   auto named = [&](Result<WeightMatrix> r) -> Status {
     if (!r.ok()) return make_error("{} at --tp {}: {}", t.name, tp_, r.error().message);
+    const bool copied = split == TpSplit::row;
+    if (copied) advise(m, /*populate=*/false);
     m = *r;
+    if (!copied) advise(m, /*populate=*/true);
     return ok_status();
   };
+  // EP: an expert stays whole (only its owner reads it: the others' views of it are never
+  // touched, so its pages are never read). TP: split inside each expert, as a dense MLP.
+  if (split == TpSplit::expert && options_.expert_parallel) {
+    if (t.expert >= expert_begin_ && t.expert < expert_end_) advise(m, /*populate=*/true);
+    return ok_status();
+  }
+  if (split == TpSplit::expert) split = t.role == Role::down_proj ? TpSplit::row : TpSplit::column;
   switch (split) {
-    case TpSplit::replicated: return ok_status();
+    case TpSplit::replicated:
+      advise(m, /*populate=*/true);
+      return ok_status();
     case TpSplit::column:
     case TpSplit::row: {
       const int64_t n = split == TpSplit::column ? m.out_features : m.in_features;

@@ -192,6 +192,7 @@ class DeepseekModel {
   // attention heads this rank computes (num_attention_heads / tp).
   int tp_size() const { return tp_; }
   int tp_rank() const { return tp_rank_; }
+  const Communicator* communicator() const { return comm_.get(); }
   int64_t heads_per_rank() const { return heads_; }
   // The routed experts this rank computes, [first, last): all of them unless expert_parallel.
   std::pair<int64_t, int64_t> experts_of_rank() const { return {expert_begin_, expert_end_}; }
