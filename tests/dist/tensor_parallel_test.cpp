@@ -21,6 +21,7 @@
 #include "engine/engine.h"
 #include "loader/safetensors.h"
 #include "models/deepseek_v3.h"
+#include "models/op_needs.h"
 
 namespace moat {
 namespace {
@@ -103,6 +104,19 @@ TEST_P(TensorParallelGolden, PrefillAndDecodeMatchReferenceAndOneRank) {
   const auto [first, last] = m.experts_of_rank();
   const int64_t E = m.config().n_routed_experts;
   EXPECT_EQ(last - first, ep ? E / comm->size() : E);
+  // Each rank resolved its ops exactly as `moat doctor --tp N` predicts (OpTable::plan over the same
+  // needs): the MLA kernel's heads per rank, zero-padded where the kernel wants 4, 8 or 16k heads
+  // (k3-nano's 12 heads: 6 per rank at TP 2 -> 8, 3 at TP 4 -> 4).
+  auto needs = model_op_needs(m.config(), comm->size(), DType::F32);
+  ASSERT_TRUE(needs.ok()) << needs.error().message;
+  const auto predicted = ops::OpTable::plan(ops::Backend::cpu, *needs);
+  ASSERT_EQ(predicted.size(), m.ops().resolved().size());
+  for (size_t i = 0; i < predicted.size(); ++i) {
+    EXPECT_EQ(predicted[i].use, m.ops().resolved()[i].use);
+    EXPECT_EQ(predicted[i].resolution.describe(), m.ops().resolved()[i].resolution.describe()) << predicted[i].use;
+    if (predicted[i].op == ops::OpId::mla_attention && m.config().num_attention_heads == 12)
+      EXPECT_EQ(predicted[i].resolution.pad_to, comm->size() == 2 ? 8 : comm->size() == 4 ? 4 : predicted[i].resolution.pad_to);
+  }
   if (comm->rank() > 0) {
     m.run_tp_worker();
     return;
