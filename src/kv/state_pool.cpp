@@ -1,5 +1,7 @@
 #include "kv/state_pool.h"
 
+#include <atomic>
+
 #include <sys/mman.h>
 
 #include <cstring>
@@ -9,6 +11,8 @@
 namespace moat {
 
 StateSlotPool::StateSlotPool(int32_t num_slots, int64_t bytes_per_slot) : bytes_per_slot_(bytes_per_slot) {
+  static std::atomic<uint64_t> next_id{1};
+  id_ = next_id.fetch_add(1);
   MOAT_CHECK(num_slots >= 0 && bytes_per_slot >= 0, "state pool of {} slots x {} bytes", num_slots, bytes_per_slot);
   if (!enabled()) return;
   in_use_.assign(static_cast<size_t>(num_slots), false);
@@ -32,6 +36,15 @@ std::optional<int32_t> StateSlotPool::allocate() {
   in_use_[static_cast<size_t>(s)] = true;
   std::memset(data(s), 0, static_cast<size_t>(bytes_per_slot_));
   return s;
+}
+
+void StateSlotPool::acquire(int32_t slot) {
+  MOAT_CHECK(enabled() && slot >= 0 && slot < num_slots(), "acquiring state slot {} of {}", slot, num_slots());
+  if (!in_use_[static_cast<size_t>(slot)]) {
+    std::erase(free_, slot);
+    in_use_[static_cast<size_t>(slot)] = true;
+  }
+  std::memset(data(slot), 0, static_cast<size_t>(bytes_per_slot_));
 }
 
 void StateSlotPool::release(int32_t slot) {

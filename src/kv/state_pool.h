@@ -31,6 +31,11 @@ class StateSlotPool {
 
   // A zero-filled slot (a request's state starts empty), or nullopt when all are in use.
   std::optional<int32_t> allocate();
+  // Takes this particular slot, zero-filled, whether or not it was in use: a tensor-parallel
+  // worker's mirror of rank 0's pool, told which slot a new sequence starts in.
+  void acquire(int32_t slot);
+  // Unique per pool made in this process (tensor-parallel workers mirror rank 0's pools by it).
+  uint64_t id() const { return id_; }
   void release(int32_t slot);
   bool in_use(int32_t slot) const { return in_use_.at(static_cast<size_t>(slot)); }
   // [bytes_per_slot] of a slot in use.
@@ -40,6 +45,7 @@ class StateSlotPool {
 
  private:
   int64_t bytes_per_slot_;
+  uint64_t id_ = 0;
   uint8_t* base_ = nullptr;
   int64_t bytes_ = 0;
   std::vector<int32_t> free_;  // a stack: the most recently freed slot is reused first (warm pages)

@@ -13,6 +13,13 @@
 
 namespace moat {
 
+int64_t DeepseekModel::kda_state_floats_per_layer() const {
+  if (!config_.linear_attn) return 0;
+  const LinearAttentionConfig& la = *config_.linear_attn;
+  const int64_t width = kda_heads_ * la.head_dim;
+  return 3 * (la.short_conv_kernel_size - 1) * width + kda_heads_ * la.head_dim * la.head_dim;
+}
+
 std::pair<int64_t, int64_t> expert_range_of_rank(int64_t experts, int tp, int rank) {
   return {experts * rank / tp, experts * (rank + 1) / tp};
 }
@@ -39,15 +46,13 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::filesystem
   }
   const ModelConfig& c = model->config_;
   if (model->tp_ > 1) {
-    // Kimi Linear / K3's KDA layers split by head too (the weight table says how), but their
-    // per-rank state and the kernels' head slices are not wired yet.
-    if (c.linear_attn)
-      return make_error("--tp {}: tensor parallelism of the KDA layers of {} is not implemented yet; run it at --tp 1",
-                        model->tp_, c.architecture);
     if (options.mtp) return make_error("--tp {}: an MTP head runs on one rank (load it without a communicator)", model->tp_);
   }
   MOAT_ASSIGN_OR_RETURN(ops::ModelOpNeeds needs, model_op_needs(c, model->tp_, options.kv_dtype));
   model->heads_ = needs.heads_per_rank;
+  model->kda_heads_ = needs.kda_heads_per_rank;
+  model->state_bytes_per_request_ =
+      c.linear_attn ? c.num_kda_layers() * model->kda_state_floats_per_layer() * static_cast<int64_t>(sizeof(float)) : 0;
   model->expert_begin_ = 0;
   model->expert_end_ = c.n_routed_experts;
   if (options.expert_parallel && model->tp_ > 1) {
@@ -100,7 +105,20 @@ Status DeepseekModel::load_weights() {
       MOAT_TRY(shard_matrix(t, *slot));
       bound_[i] = slot;
     } else {
-      MOAT_ASSIGN_OR_RETURN(*vector_slot(t), get_vector_f32(ck, t.name, t.shape));
+      std::vector<float>& v = *vector_slot(t);
+      MOAT_ASSIGN_OR_RETURN(v, get_vector_f32(ck, t.name, t.shape));
+      if (tp_ > 1) {
+        // Per-channel vectors (KDA convs, dt_bias) keep this rank's rows; A_log its heads' entries
+        // (Kimi Linear's [1, 1, heads, 1] and K3's [K] whose first `heads` entries are used).
+        if (t.split == TpSplit::column) {
+          const int64_t rows = t.shape[0], per = rows / tp_, row_floats = t.numel() / rows;
+          if (rows % (tp_ * t.split_unit) != 0)
+            return make_error("{} at --tp {}: {} rows do not split into {} equal parts", t.name, tp_, rows, tp_);
+          v = std::vector<float>(v.begin() + per * tp_rank_ * row_floats, v.begin() + per * (tp_rank_ + 1) * row_floats);
+        } else if (t.role == Role::kda_a_log) {
+          v = std::vector<float>(v.begin() + kda_heads_ * tp_rank_, v.begin() + kda_heads_ * (tp_rank_ + 1));
+        }
+      }
     }
   }
   if (c.tie_word_embeddings && !options_.mtp) {  // an MTP head has its own
@@ -410,7 +428,7 @@ void DeepseekModel::forward(const ForwardBatch& batch, PagedLatentCache& cache, 
                             const LayerHook& on_layer_output, const ForwardExtras& extras) {
   if (tp_ > 1) {
     MOAT_CHECK(tp_rank_ == 0, "rank {}: tensor-parallel worker ranks run rank 0's steps in run_tp_worker()", tp_rank_);
-    send_tp_step(0, &batch, &cache);
+    send_tp_step(0, &batch, &cache, &extras);
   }
   forward_local(batch, cache, logits, on_layer_output, extras);
 }
@@ -451,7 +469,7 @@ void DeepseekModel::forward_local(const ForwardBatch& batch, PagedLatentCache& c
   kda_step_base_.assign(static_cast<size_t>(S), -1);
   kda_step_len_.assign(static_cast<size_t>(S), 0);
   if (extras.keep_step_states && state_bytes_per_request() > 0) {
-    const int64_t per_token = c.num_kda_layers() * c.kda_state_floats_per_layer();
+    const int64_t per_token = c.num_kda_layers() * kda_state_floats_per_layer();
     int64_t total = 0;
     for (int32_t s = 0; s < S; ++s) {
       const int32_t len = batch.query_start[s + 1] - batch.query_start[s];

@@ -172,7 +172,8 @@ class DeepseekModel {
 
   // Recurrent state a request keeps beside its latent rows (kv/state_pool.h): the KDA layers'
   // conv inputs and fp32 states (ModelConfig::state_bytes_per_request); 0 when every layer is MLA.
-  int64_t state_bytes_per_request() const { return config_.state_bytes_per_request(); }
+  // Under tensor parallelism: this rank's share (its KDA heads), as the engine sizes its pool.
+  int64_t state_bytes_per_request() const { return state_bytes_per_request_; }
   // The latent cache holds the MLA layers only (KDA layers keep state instead).
   LatentCacheShape cache_shape() const {
     return {num_mla_layers_, config_.kv_cache_dim(), options_.kv_dtype};
@@ -222,7 +223,8 @@ class DeepseekModel {
   void forward_local(const ForwardBatch& batch, PagedLatentCache& cache, float* logits, const LayerHook& on_layer_output,
                      const ForwardExtras& extras);
   // Rank 0: sends a step to the worker ranks; `command` 0 = forward, 1 = shut down.
-  void send_tp_step(int64_t command, const ForwardBatch* batch, const PagedLatentCache* cache);
+  void send_tp_step(int64_t command, const ForwardBatch* batch, const PagedLatentCache* cache,
+                    const ForwardExtras* extras = nullptr);
   // This rank's share of a bound tensor, as its TpSplit says.
   Status shard_matrix(const TensorSpec& t, WeightMatrix& m);
   // Sums a sublayer's partial output [n] across the ranks (nothing at tp 1).
@@ -296,6 +298,13 @@ class DeepseekModel {
   int tp_ = 1, tp_rank_ = 0;
   bool tp_loaded_ = false;
   int64_t heads_ = 0;             // attention heads on this rank
+  int64_t kda_heads_ = 0;         // KDA heads on this rank
+  int64_t state_bytes_per_request_ = 0;  // this rank's KDA state per request
+  // Floats of one KDA layer's state per request on this rank: the conv inputs of q, k, v, then the
+  // fp32 [heads, K, V] state (ModelConfig::kda_state_floats_per_layer at tp 1).
+  int64_t kda_state_floats_per_layer() const;
+  // Rank 0 tells the workers about a rewind_state (const: it changes no model state here).
+  void send_tp_rewind(const StateSlotPool& states, int32_t seq, int64_t kept_tokens, int32_t slot) const;
   int64_t expert_begin_ = 0, expert_end_ = 0;  // routed experts on this rank (expert_parallel)
   int64_t vocab_per_rank_ = 0;    // lm_head rows per rank (the last rank's may be fewer: zero-padded)
   std::deque<OwnedWeightBytes> owned_;  // column slices copied out of the checkpoint
@@ -303,6 +312,7 @@ class DeepseekModel {
   // Worker ranks: caches mirroring rank 0's, by PagedLatentCache::id(), the most recent last; rank
   // 0 keeps the same list of ids so that it can refuse to step a cache the workers evicted.
   std::vector<std::pair<uint64_t, std::unique_ptr<PagedLatentCache>>> tp_caches_;
+  std::vector<std::pair<uint64_t, std::unique_ptr<StateSlotPool>>> tp_pools_;  // the same for state pools
   std::vector<uint64_t> tp_cache_ids_, tp_evicted_ids_;
   std::vector<int64_t> kda_step_base_;
   std::vector<int32_t> kda_step_len_;

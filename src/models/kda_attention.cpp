@@ -27,8 +27,9 @@ void DeepseekModel::kda_attention(const KdaWeights& w, int64_t kda_index, const 
   const ModelConfig& c = config_;
   const LinearAttentionConfig& la = *c.linear_attn;
   const int64_t T = batch.num_tokens(), S = batch.num_sequences();
-  const int64_t heads = la.num_heads, K = la.head_dim, width = heads * K, conv = la.short_conv_kernel_size;
-  const int64_t conv_floats = (conv - 1) * width, per_layer = c.kda_state_floats_per_layer();
+  // this rank's heads (all of them at tp 1)
+  const int64_t heads = kda_heads_, K = la.head_dim, width = heads * K, conv = la.short_conv_kernel_size;
+  const int64_t conv_floats = (conv - 1) * width, per_layer = kda_state_floats_per_layer();
 
   // Sequences in three groups, each one op call: kept step states (speculative verification:
   // recurrent, every token's state saved), long segments (prefill chunks: chunked), the rest
@@ -122,9 +123,10 @@ void DeepseekModel::rewind_state(int32_t seq, int64_t kept_tokens, StateSlotPool
              kMaxStepTokens);
   const int64_t len = kda_step_len_[seq];
   MOAT_CHECK(kept_tokens >= 1 && kept_tokens <= len, "cannot keep {} of a sequence's {} tokens", kept_tokens, len);
+  if (tp_ > 1 && tp_rank_ == 0) send_tp_rewind(states, seq, kept_tokens, slot);  // the workers rewind their share too
   const LinearAttentionConfig& la = *c.linear_attn;
-  const int64_t width = la.num_heads * la.head_dim, conv_floats = (la.short_conv_kernel_size - 1) * width;
-  const int64_t state_floats = la.num_heads * la.head_dim * la.head_dim, per_layer = c.kda_state_floats_per_layer();
+  const int64_t width = kda_heads_ * la.head_dim, conv_floats = (la.short_conv_kernel_size - 1) * width;
+  const int64_t state_floats = kda_heads_ * la.head_dim * la.head_dim, per_layer = kda_state_floats_per_layer();
   float* slot_base = reinterpret_cast<float*>(states.data(slot));
   const int64_t i = kept_tokens - 1;
   // Host copies: the state pool and the step states are host memory (the CUDA backend keeps no

@@ -13,10 +13,14 @@ namespace {
 
 // Fixed-size, sent first: what to do, and the sizes of what follows.
 struct TpStepHeader {
-  int64_t command = 0;  // 0: forward, 1: shut down
+  int64_t command = 0;  // 0: forward, 1: shut down, 2: rewind a state slot (speculative decoding)
   uint64_t cache_id = 0;
   int64_t cache_blocks = 0, block_size = 0, cache_layers = 0, cache_dim = 0, cache_dtype = 0;
   int64_t num_tokens = 0, num_sequences = 0, max_blocks = 0, num_logit_rows = 0;
+  // Hybrid models: rank 0's state pool (each rank's slots hold its own heads' share)
+  uint64_t pool_id = 0;
+  int64_t pool_slots = 0, keep_step_states = 0;
+  int64_t rewind_seq = 0, rewind_kept = 0, rewind_slot = 0;  // command 2
 };
 
 // Workers keep this many caches (rank 0 makes one per engine, one per scored sequence); rank 0
@@ -81,9 +85,25 @@ uint64_t touch(std::vector<uint64_t>& ids, uint64_t id) {
 
 }  // namespace
 
-void DeepseekModel::send_tp_step(int64_t command, const ForwardBatch* batch, const PagedLatentCache* cache) {
+void DeepseekModel::send_tp_rewind(const StateSlotPool& states, int32_t seq, int64_t kept_tokens, int32_t slot) const {
+  TpStepHeader h;
+  h.command = 2;
+  h.pool_id = states.id();
+  h.rewind_seq = seq;
+  h.rewind_kept = kept_tokens;
+  h.rewind_slot = slot;
+  comm_->broadcast_idle(&h, sizeof(h), 0);
+}
+
+void DeepseekModel::send_tp_step(int64_t command, const ForwardBatch* batch, const PagedLatentCache* cache,
+                                 const ForwardExtras* extras) {
   TpStepHeader h;
   h.command = command;
+  if (extras && extras->states && state_bytes_per_request_ > 0) {
+    h.pool_id = extras->states->id();
+    h.pool_slots = extras->states->num_slots();
+    h.keep_step_states = extras->keep_step_states;
+  }
   std::vector<int64_t> packed;
   if (command == 0) {
     MOAT_CHECK(batch != nullptr && cache != nullptr, "a forward step needs its batch and cache");
@@ -121,6 +141,16 @@ void DeepseekModel::run_tp_worker() {
     TpStepHeader h;
     comm_->broadcast_idle(&h, sizeof(h), 0);
     if (h.command == 1) return;
+    auto pool_of = [&](uint64_t id) -> StateSlotPool* {
+      auto p = std::find_if(tp_pools_.begin(), tp_pools_.end(), [&](const auto& e) { return e.first == id; });
+      return p == tp_pools_.end() ? nullptr : p->second.get();
+    };
+    if (h.command == 2) {
+      StateSlotPool* pool = pool_of(h.pool_id);
+      MOAT_CHECK(pool != nullptr, "rewind of a state pool this rank never stepped");
+      rewind_state(static_cast<int32_t>(h.rewind_seq), h.rewind_kept, *pool, static_cast<int32_t>(h.rewind_slot));
+      continue;
+    }
     MOAT_CHECK(h.command == 0, "unknown tensor-parallel command {}", h.command);
     packed.resize(static_cast<size_t>(packed_size(h)));
     comm_->broadcast(packed.data(), static_cast<int64_t>(sizeof(int64_t) * packed.size()), 0);
@@ -139,7 +169,27 @@ void DeepseekModel::run_tp_worker() {
     // the same recency order as rank 0's list
     std::rotate(it, it + 1, tp_caches_.end());
     if (tp_caches_.size() > kMaxMirroredCaches) tp_caches_.erase(tp_caches_.begin());
-    forward_local(batch, *tp_caches_.back().second, nullptr, nullptr, {});
+    ForwardExtras extras;
+    if (h.pool_id != 0) {
+      StateSlotPool* pool = pool_of(h.pool_id);
+      if (pool == nullptr || pool->num_slots() != h.pool_slots) {
+        std::erase_if(tp_pools_, [&](const auto& e) { return e.first == h.pool_id; });
+        tp_pools_.emplace_back(h.pool_id, std::make_unique<StateSlotPool>(static_cast<int32_t>(h.pool_slots),
+                                                                          state_bytes_per_request_));
+        pool = tp_pools_.back().second.get();
+        if (tp_pools_.size() > kMaxMirroredCaches) tp_pools_.erase(tp_pools_.begin());
+      }
+      // A sequence that starts at position 0 starts from the zero state, as rank 0's freshly
+      // allocated slot does (hybrids take no prefix-cache hits); any other must be running here.
+      for (int32_t s = 0; s < batch.num_sequences(); ++s) {
+        const int32_t slot = batch.state_slots[s];
+        if (batch.query_start[s + 1] > batch.query_start[s] && batch.positions[batch.query_start[s]] == 0)
+          pool->acquire(slot);
+      }
+      extras.states = pool;
+      extras.keep_step_states = h.keep_step_states != 0;
+    }
+    forward_local(batch, *tp_caches_.back().second, nullptr, nullptr, extras);
   }
 }
 

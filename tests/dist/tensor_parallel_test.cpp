@@ -22,6 +22,7 @@
 #include "loader/safetensors.h"
 #include "models/deepseek_v3.h"
 #include "models/op_needs.h"
+#include "../engine/wrong_in_turn_proposer.h"
 
 namespace moat {
 namespace {
@@ -97,8 +98,16 @@ TEST_P(TensorParallelGolden, PrefillAndDecodeMatchReferenceAndOneRank) {
     GTEST_SKIP() << "no fixture for " << name;  // the same answer on every rank
   auto comm = world();
   auto loaded = DeepseekModel::load(model_dir_for(name), golden_options(comm, ep));
+  if (!loaded.ok() && name == "tiny_k3" && !ep && comm->size() == 4) {
+    // its MXFP4 experts' intermediate width 64 is 16 columns per rank at TP 4, half a scale group:
+    // refused (every rank alike), and EP runs it
+    EXPECT_NE(loaded.error().message.find("scale groups"), std::string::npos) << loaded.error().message;
+    return;
+  }
   ASSERT_TRUE(loaded.ok()) << loaded.error().message;
   DeepseekModel& m = **loaded;
+  // KDA state: each rank holds its heads' share
+  EXPECT_EQ(m.state_bytes_per_request() * comm->size(), m.config().state_bytes_per_request());
   EXPECT_EQ(m.tp_size(), comm->size());
   EXPECT_EQ(m.heads_per_rank() * comm->size(), m.config().num_attention_heads);
   const auto [first, last] = m.experts_of_rank();
@@ -154,7 +163,8 @@ TEST_P(TensorParallelGolden, PrefillAndDecodeMatchReferenceAndOneRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelGolden,
-                         ::testing::Combine(::testing::Values("tiny_qlora", "tiny_v2lite", "k3_nano", "k3_nano_draft"),
+                         ::testing::Combine(::testing::Values("tiny_qlora", "tiny_v2lite", "k3_nano", "k3_nano_draft",
+                                                              "tiny_kimi_linear", "tiny_k3"),
                                             ::testing::Bool()),
                          [](const auto& info) {
                            return std::get<0>(info.param) + (std::get<1>(info.param) ? "_ep" : "_tp");
@@ -162,16 +172,13 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelGolden,
 
 // What TP cannot split is refused at load, on every rank alike, naming the tensor: an fp8 matrix
 // whose per-rank rows or columns would cut a 128 x 128 scale block (tiny_fp8's q_b_proj: 12 heads
-// x 32 rows = 384, 192 per rank at TP 2), and the KDA layers of Kimi Linear.
+// x 32 rows = 384, 192 per rank at TP 2).
 TEST(TensorParallel, RefusesSplitsItCannotMake) {
   if (!multi_rank()) GTEST_SKIP() << "run under mpirun -np 2 (or more)";
   auto fp8 = DeepseekModel::load(kRoot / "tests/golden/tiny_fp8", golden_options(world()));
   ASSERT_FALSE(fp8.ok());
   EXPECT_NE(fp8.error().message.find("fp8 scale blocks"), std::string::npos) << fp8.error().message;
   EXPECT_NE(fp8.error().message.find("model.layers."), std::string::npos) << fp8.error().message;
-  auto kimi = DeepseekModel::load(kRoot / "tests/golden/tiny_kimi_linear", golden_options(world()));
-  ASSERT_FALSE(kimi.ok());
-  EXPECT_NE(kimi.error().message.find("KDA"), std::string::npos) << kimi.error().message;
 }
 
 GenerateRequest greedy(std::vector<int32_t> prompt, int64_t max_tokens) {
@@ -238,6 +245,66 @@ TEST_P(TensorParallelEngine, GreedyTokensEqualOneRank) {
   for (size_t i = 0; i < tp.size(); ++i) {
     EXPECT_EQ(tp[i].size(), 24u) << "request " << i;
     EXPECT_EQ(tp[i], single[i]) << "request " << i << " at tp " << comm->size();
+  }
+}
+
+// Kimi Linear at TP N: each rank keeps its KDA heads' state in its own mirror of rank 0's state
+// pool; batched, chunked requests, and speculation wrong at each position in turn (every rank
+// rewinds its share of the state), generate TP 1's greedy tokens.
+TEST(TensorParallel, HybridEngineWithSpeculationEqualsOneRank) {
+  if (!multi_rank()) GTEST_SKIP() << "run under mpirun -np 2 (or more)";
+  auto comm = world();
+  const auto dir = kRoot / "tests/golden/tiny_kimi_linear";
+  DeepseekModel::Options options = golden_options(comm);
+  auto loaded = DeepseekModel::load(dir, options);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+  if (comm->rank() > 0) {
+    (*loaded)->run_tp_worker();
+    return;
+  }
+  options.comm = nullptr;
+  auto one = DeepseekModel::load(dir, options);
+  ASSERT_TRUE(one.ok()) << one.error().message;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 5; ++i) {
+    std::vector<int32_t> p;
+    for (int j = 0; j < 4 + 11 * i; ++j) p.push_back((37 * i + 11 * j + 5) % 500);
+    prompts.push_back(p);
+  }
+  auto generate = [&](DeepseekModel& model, const std::vector<std::vector<int32_t>>* truth) {
+    EngineConfig c;
+    c.max_model_len = 128;
+    c.kv_memory_bytes = 8 << 20;
+    c.block_size = 16;
+    c.max_num_batched_tokens = 32;
+    auto e = Engine::create(model, c, nullptr);
+    EXPECT_TRUE(e.ok()) << e.error().message;
+    std::vector<std::vector<int32_t>> out;
+    if (!e.ok()) return out;
+    std::vector<uint64_t> ids;
+    std::map<uint64_t, std::vector<int32_t>> by_id;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ids.push_back(*(*e)->add_request(greedy(prompts[i], 20)));
+      if (truth) by_id[ids.back()] = (*truth)[i];
+    }
+    if (truth)
+      (*e)->set_proposer(std::make_unique<testing::WrongInTurnProposer>(by_id, static_cast<int32_t>(model.config().vocab_size)), 3);
+    auto done = run_all(**e);
+    for (uint64_t id : ids) out.push_back(done[id]);
+    if (truth) {  // guesses were both accepted and rejected: every rank rewound its state
+      EXPECT_GT((*e)->stats().accepted_tokens, 0);
+      EXPECT_LT((*e)->stats().accepted_tokens, (*e)->stats().draft_tokens);
+    }
+    return out;
+  };
+  const auto single = generate(**one, nullptr);
+  const auto tp = generate(**loaded, nullptr);
+  const auto tp_speculative = generate(**loaded, &single);
+  ASSERT_EQ(tp.size(), single.size());
+  ASSERT_EQ(tp_speculative.size(), single.size());
+  for (size_t i = 0; i < tp.size(); ++i) {
+    EXPECT_EQ(tp[i], single[i]) << "request " << i << " at tp " << comm->size();
+    EXPECT_EQ(tp_speculative[i], single[i]) << "request " << i << " at tp " << comm->size() << ", speculative";
   }
 }
 

@@ -12,6 +12,7 @@
 #include "spec/draft_proposer.h"
 #include "spec/proposer.h"
 #include "run_engine.h"
+#include "wrong_in_turn_proposer.h"
 
 namespace moat {
 namespace {
@@ -126,27 +127,6 @@ TEST_F(KimiLinearEngineTest, NoPrefixHitsForAModelWithState) {
 // Speculative decoding over a hybrid: verification runs k + 1 tokens through the KDA layers, and
 // a rejected guess puts the request's state back at the accepted position (rewind_state). A
 // proposer wrong at every position in turn, and n-gram lookup, must leave greedy output unchanged.
-class WrongInTurnProposer final : public Proposer {
- public:
-  WrongInTurnProposer(std::map<uint64_t, std::vector<int32_t>> truth, int32_t vocab) : truth_(std::move(truth)), vocab_(vocab) {}
-  std::string_view name() const override { return "wrong-in-turn"; }
-  void propose(std::span<const ProposeRequest> requests) override {
-    for (const ProposeRequest& pr : requests) {
-      Request& r = *pr.request;
-      const std::vector<int32_t>& t = truth_.at(r.id);
-      const size_t from = r.output.size();
-      const int32_t wrong_at = calls_++ % (pr.max_tokens + 1);  // max_tokens: all right
-      for (int32_t j = 0; j < pr.max_tokens && from + j < t.size(); ++j)
-        r.spec_tokens.push_back(j == wrong_at ? (t[from + j] + 1) % vocab_ : t[from + j]);
-    }
-  }
-  void release(uint64_t) override {}
-
- private:
-  std::map<uint64_t, std::vector<int32_t>> truth_;
-  int32_t vocab_;
-  int32_t calls_ = 0;
-};
 
 TEST_F(KimiLinearEngineTest, SpeculativeDecodingRewindsTheStateOfRejectedGuesses) {
   std::vector<std::vector<int32_t>> alone;
@@ -163,7 +143,7 @@ TEST_F(KimiLinearEngineTest, SpeculativeDecodingRewindsTheStateOfRejectedGuesses
       ids.push_back(*e->add_request(greedy(prompts()[i], 16)));
       truth[ids.back()] = alone[i];
     }
-    e->set_proposer(std::make_unique<WrongInTurnProposer>(truth, static_cast<int32_t>(model_->config().vocab_size)), k);
+    e->set_proposer(std::make_unique<testing::WrongInTurnProposer>(truth, static_cast<int32_t>(model_->config().vocab_size)), k);
     auto done = testing::run_to_completion(*e);
     for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(done[ids[i]].tokens, alone[i]) << "k " << k << " request " << i;
     EXPECT_GT(e->stats().accepted_tokens, 0);
