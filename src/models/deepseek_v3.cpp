@@ -716,6 +716,20 @@ void DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t T, float* o
   ops_.add_scaled(out, latent_up_.data(), 1.0f, T * H);
 }
 
+int64_t DeepseekModel::weight_bytes_on_rank() const {
+  int64_t bytes = 0;
+  for (size_t i = 0; i < spec_.tensors.size(); ++i) {
+    const TensorSpec& t = spec_.tensors[i];
+    if (t.part == Part::routed_expert && (t.expert < expert_begin_ || t.expert >= expert_end_)) continue;
+    if (t.is_matrix()) {
+      bytes += bound_[i]->bytes();
+    } else {
+      bytes += 2 * (t.split == TpSplit::column ? t.numel() / tp_ : t.numel());
+    }
+  }
+  return bytes;
+}
+
 double DeepseekModel::weight_bytes_per_step(int64_t tokens) const {
   const ModelConfig& c = config_;
   double expert_bytes = 0;  // one routed expert (the first) of every MoE layer

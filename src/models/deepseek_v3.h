@@ -195,6 +195,10 @@ class DeepseekModel {
   int tp_rank() const { return tp_rank_; }
   const Communicator* communicator() const { return comm_.get(); }
   int64_t heads_per_rank() const { return heads_; }
+  // Checkpoint bytes this rank holds: its share of every matrix (whole experts under EP, only its
+  // own) and vectors at the checkpoint's 2 bytes per value; `moat plan`'s weights per GPU at
+  // this TP degree must agree (tests/dist).
+  int64_t weight_bytes_on_rank() const;
   // The routed experts this rank computes, [first, last): all of them unless expert_parallel.
   std::pair<int64_t, int64_t> experts_of_rank() const { return {expert_begin_, expert_end_}; }
   // Ranks other than 0: runs every step rank 0's forward sends, on caches of the same geometry as

@@ -71,9 +71,10 @@ namespace {
 // Running totals while walking the weight spec.
 struct Tally {
   double params = 0, active_params = 0;
-  PerPrecision bytes{}, active_bytes{}, routed_bytes{};
+  PerPrecision bytes{}, active_bytes{}, routed_bytes{}, replicated_bytes{}, active_replicated_bytes{};
 
   void add(const TensorSpec& w, bool active) {
+    const bool replicated = w.split == TpSplit::replicated || w.part == Part::embedding;
     const double n = static_cast<double>(w.numel());
     params += n;
     // The embedding table counts as active parameters (every token has one of its rows) but
@@ -93,6 +94,8 @@ struct Tally {
       bytes[i] += b;
       if (streamed) active_bytes[i] += b;
       if (routed) routed_bytes[i] += b;
+      if (replicated) replicated_bytes[i] += b;
+      if (replicated && streamed) active_replicated_bytes[i] += b;
     }
   }
 };
@@ -116,6 +119,8 @@ ModelSize size_from_spec(const WeightSpec& spec, std::string id, std::string nam
   m.weight_bytes = t.bytes;
   m.active_weight_bytes = t.active_bytes;
   m.routed_expert_bytes = t.routed_bytes;
+  m.replicated_bytes = t.replicated_bytes;
+  m.active_replicated_bytes = t.active_replicated_bytes;
   m.n_routed_experts = c.n_routed_experts;
   m.experts_per_token = c.num_experts_per_tok;
   m.num_attention_heads = c.num_attention_heads;

@@ -54,6 +54,11 @@ struct ModelSize {
   PerPrecision active_weight_bytes{};
   // All routed experts together; a batch of B tokens touches a growing share of them.
   PerPrecision routed_expert_bytes{};
+  // What every tensor-parallel rank holds whole, as moat's engine runs it (the weight table's
+  // TpSplit::replicated tensors: norms, routers, MLA's q_a / kv_a, KDA's low-rank gate inputs, K3's
+  // latent projections; and the embedding, which a lookup reads one row of), and the part of it one
+  // decode token reads. Per GPU at TP n: replicated + (all - replicated) / n.
+  PerPrecision replicated_bytes{}, active_replicated_bytes{};
   int64_t n_routed_experts = 0;   // 0: dense
   int64_t experts_per_token = 0;  // routed experts each token uses
 

@@ -59,7 +59,9 @@ double step_seconds(const ModelSize& m, Precision p, const HardwareSpec& h, cons
     touched_routed = m.routed_expert_bytes[i] * (1 - std::pow(1 - k_over_e, static_cast<double>(batch)));
     touched_routed -= m.routed_expert_bytes[i] * k_over_e;  // already in active_weight_bytes
   }
-  const double weight_bytes = (m.active_weight_bytes[i] + touched_routed) / tp;
+  // every rank reads its replicated weights whole (moat's TP: the weight table's TpSplit)
+  const double weight_bytes =
+      m.active_replicated_bytes[i] + (m.active_weight_bytes[i] - m.active_replicated_bytes[i] + touched_routed) / tp;
   const double cache_bytes = batch * (kv_per_token * static_cast<double>(o.context) + state_per_request);
   const double mem_s = (weight_bytes + cache_bytes) / (o.efficiency * h.hbm_tbps * 1e12);
   // FLOPs: 2 per active weight per token, plus attention over the context (absorbed MLA scores
@@ -117,7 +119,7 @@ Result<Plan> make_plan(const ModelSize& model, const std::vector<HardwareSpec>& 
         r.attention_dispatch = "n/a (GQA attention is not in the kernel registry)";
       }
 
-      const double weights = model.weight_bytes[pi] / tp;
+      const double weights = model.replicated_bytes[pi] + (model.weight_bytes[pi] - model.replicated_bytes[pi]) / tp;
       const double headroom = o.headroom * h.hbm_gb * 1e9;
       const double state_per_request =
           model.state_split_by_tp ? model.state_bytes_per_request / tp : model.state_bytes_per_request;

@@ -22,6 +22,7 @@
 #include "loader/safetensors.h"
 #include "models/deepseek_v3.h"
 #include "models/op_needs.h"
+#include "plan/model_size.h"
 #include "../engine/wrong_in_turn_proposer.h"
 
 namespace moat {
@@ -113,6 +114,16 @@ TEST_P(TensorParallelGolden, PrefillAndDecodeMatchReferenceAndOneRank) {
   const auto [first, last] = m.experts_of_rank();
   const int64_t E = m.config().n_routed_experts;
   EXPECT_EQ(last - first, ep ? E / comm->size() : E);
+  // `moat plan`'s weights per GPU at this TP degree are what this rank holds (bf16 checkpoints;
+  // the replicated tensors whole, the rest split): within the norms' rounding.
+  if (m.config().quantization == std::nullopt && m.config().torch_dtype == DType::BF16) {
+    auto size = plan::size_from_config(m.config(), name, name);
+    ASSERT_TRUE(size.ok()) << size.error().message;
+    const int i = static_cast<int>(plan::Precision::bf16);
+    const double planned = size->replicated_bytes[i] + (size->weight_bytes[i] - size->replicated_bytes[i]) / comm->size();
+    EXPECT_NEAR(static_cast<double>(m.weight_bytes_on_rank()) / planned, 1.0, 0.01)
+        << name << ": rank holds " << m.weight_bytes_on_rank() << " B, plan says " << planned;
+  }
   // Each rank resolved its ops exactly as `moat doctor --tp N` predicts (OpTable::plan over the same
   // needs): the MLA kernel's heads per rank, zero-padded where the kernel wants 4, 8 or 16k heads
   // (k3-nano's 12 heads: 6 per rank at TP 2 -> 8, 3 at TP 4 -> 4).

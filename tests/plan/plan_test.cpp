@@ -127,8 +127,12 @@ TEST(Plan, DecodeEstimateIsTheBandwidthRoofline) {
   const PlanRow& r = row(plan, "b300", 8);
   ASSERT_TRUE(r.decode_tps_per_stream_est);
   const ModelSize& m = plan.model;
-  const double per_token = m.active_weight_bytes[static_cast<int>(Precision::mxfp4)] / 8 +
+  // each rank reads its share of the split weights and the replicated ones whole (moat's TP)
+  const int p = static_cast<int>(Precision::mxfp4);
+  const double per_token = m.active_replicated_bytes[p] + (m.active_weight_bytes[p] - m.active_replicated_bytes[p]) / 8 +
                            r.kv_bytes_per_token * (1 << 20) + m.state_bytes_per_request / 8;
+  EXPECT_GT(m.active_replicated_bytes[p], 0.0);
+  EXPECT_LT(m.active_replicated_bytes[p], m.active_weight_bytes[p]);
   EXPECT_NEAR(*r.decode_tps_per_stream_est, 0.6 * 8e12 / per_token, 1e-6 * *r.decode_tps_per_stream_est);
   ASSERT_TRUE(r.usd_per_mtok_est && r.aggregate_tps_est);
   EXPECT_NEAR(*r.usd_per_mtok_est, 8 * 6.00 / 3600 / *r.aggregate_tps_est * 1e6, 1e-9);
