@@ -22,6 +22,8 @@
 #include "loader/safetensors.h"
 #include "models/deepseek_v3.h"
 #include "models/op_needs.h"
+#include "../engine/run_engine.h"
+#include "../models/golden_compare.h"
 #include "plan/model_size.h"
 #include "../engine/wrong_in_turn_proposer.h"
 
@@ -29,7 +31,6 @@ namespace moat {
 namespace {
 
 const std::filesystem::path kRoot = MOAT_SOURCE_DIR;
-constexpr double kRelTolerance = 1e-3;
 
 std::shared_ptr<Communicator> world() {
   auto w = mpi_world();
@@ -41,45 +42,10 @@ bool multi_rank() {
   return w && w->size() > 1;
 }
 
-std::filesystem::path model_dir_for(const std::string& name) {
-  if (name == "k3_nano") return kRoot / "models/k3-nano";
-  if (name == "k3_nano_draft") return kRoot / "models/k3-nano-draft";
-  return kRoot / "tests/golden" / name;
-}
-
-struct Golden {
-  std::vector<int32_t> ids;
-  std::vector<float> logits;  // [T, vocab]
-};
-
-Golden read_golden(const std::filesystem::path& file) {
-  auto st = SafetensorsFile::open(file);
-  EXPECT_TRUE(st.ok()) << (st.ok() ? "" : st.error().message);
-  Golden g;
-  if (!st.ok()) return g;
-  for (const TensorInfo& t : (*st)->tensors()) {
-    if (t.name == "input_ids")
-      g.ids.assign(reinterpret_cast<const int32_t*>(t.data), reinterpret_cast<const int32_t*>(t.data) + t.numel());
-    else if (t.name == "logits")
-      g.logits.assign(reinterpret_cast<const float*>(t.data), reinterpret_cast<const float*>(t.data) + t.numel());
-  }
-  return g;
-}
-
-double rel_error(const float* got, const float* ref, int64_t n) {
-  double diff = 0.0, scale = 1e-30;
-  for (int64_t i = 0; i < n; ++i) {
-    diff = std::max(diff, static_cast<double>(std::fabs(got[i] - ref[i])));
-    scale = std::max(scale, static_cast<double>(std::fabs(ref[i])));
-  }
-  return diff / scale;
-}
-
-void expect_logits_match(const float* got, const float* ref, int64_t vocab, const std::string& where) {
-  EXPECT_LE(rel_error(got, ref, vocab), kRelTolerance) << where;
-  EXPECT_EQ(std::max_element(got, got + vocab) - got, std::max_element(ref, ref + vocab) - ref)
-      << where << ": top-1 differs";
-}
+using testing::expect_logits_match;
+using testing::Golden;
+using testing::read_golden;
+std::filesystem::path model_dir_for(const std::string& name) { return testing::golden_model_dir(name); }
 
 // As the golden tests: exact activations and an fp32 latent cache, so only the order of the
 // partial sums differs from the reference.
@@ -192,21 +158,31 @@ TEST(TensorParallel, RefusesSplitsItCannotMake) {
   EXPECT_NE(fp8.error().message.find("model.layers."), std::string::npos) << fp8.error().message;
 }
 
-GenerateRequest greedy(std::vector<int32_t> prompt, int64_t max_tokens) {
-  GenerateRequest r;
-  r.prompt = std::move(prompt);
-  r.sampling.temperature = 0.0f;
-  r.stop.max_tokens = max_tokens;
-  r.stop.ignore_eos = true;
-  return r;
-}
-
-std::map<uint64_t, std::vector<int32_t>> run_all(Engine& e) {
-  std::map<uint64_t, std::vector<int32_t>> done;
-  for (int steps = 0; e.has_work() && steps < 10000; ++steps)
-    for (RequestOutput& out : e.step()) done[out.id].insert(done[out.id].end(), out.new_tokens.begin(), out.new_tokens.end());
-  EXPECT_EQ(e.scheduler().block_pool().num_used(), 0);
-  return done;
+// Every prompt through one engine on `model` (greedy, max_tokens each), the tokens in prompt order.
+// With truth (each prompt's expected output), a proposer guesses it wrong at each position in
+// turn (k = 3): some guesses must be accepted and some rejected.
+std::vector<std::vector<int32_t>> generate_all(DeepseekModel& model, const EngineConfig& config,
+                                               const std::vector<std::vector<int32_t>>& prompts, int64_t max_tokens,
+                                               const std::vector<std::vector<int32_t>>* truth = nullptr) {
+  auto e = Engine::create(model, config, nullptr);
+  EXPECT_TRUE(e.ok()) << e.error().message;
+  std::vector<std::vector<int32_t>> out;
+  if (!e.ok()) return out;
+  std::vector<uint64_t> ids;
+  std::map<uint64_t, std::vector<int32_t>> by_id;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ids.push_back(*(*e)->add_request(testing::greedy(prompts[i], max_tokens)));
+    if (truth) by_id[ids.back()] = (*truth)[i];
+  }
+  if (truth)
+    (*e)->set_proposer(std::make_unique<testing::WrongInTurnProposer>(by_id, static_cast<int32_t>(model.config().vocab_size)), 3);
+  auto done = testing::run_to_completion(**e);
+  for (uint64_t id : ids) out.push_back(done[id].tokens);
+  if (truth) {
+    EXPECT_GT((*e)->stats().accepted_tokens, 0);
+    EXPECT_LT((*e)->stats().accepted_tokens, (*e)->stats().draft_tokens);
+  }
+  return out;
 }
 
 // The engine on rank 0 over the shipped model at TP N: requests batched together, with chunked
@@ -234,24 +210,13 @@ TEST_P(TensorParallelEngine, GreedyTokensEqualOneRank) {
     for (int j = 0; j < 5 + 23 * i; ++j) p.push_back((97 * i + 13 * j + 7) % 4000 + 5);
     prompts.push_back(p);
   }
-  auto generate = [&](DeepseekModel& model) {
-    EngineConfig c;
-    c.max_model_len = 256;
-    c.kv_memory_bytes = 16 << 20;
-    c.block_size = 16;
-    c.max_num_batched_tokens = 64;
-    auto e = Engine::create(model, c, nullptr);
-    EXPECT_TRUE(e.ok()) << e.error().message;
-    std::vector<std::vector<int32_t>> out;
-    if (!e.ok()) return out;
-    std::vector<uint64_t> ids;
-    for (const auto& p : prompts) ids.push_back(*(*e)->add_request(greedy(p, 24)));
-    auto done = run_all(**e);
-    for (uint64_t id : ids) out.push_back(done[id]);
-    return out;
-  };
-  const auto tp = generate(**loaded);
-  const auto single = generate(**one);
+  EngineConfig c;
+  c.max_model_len = 256;
+  c.kv_memory_bytes = 16 << 20;
+  c.block_size = 16;
+  c.max_num_batched_tokens = 64;
+  const auto tp = generate_all(**loaded, c, prompts, 24);
+  const auto single = generate_all(**one, c, prompts, 24);
   ASSERT_EQ(tp.size(), single.size());
   for (size_t i = 0; i < tp.size(); ++i) {
     EXPECT_EQ(tp[i].size(), 24u) << "request " << i;
@@ -282,35 +247,14 @@ TEST(TensorParallel, HybridEngineWithSpeculationEqualsOneRank) {
     for (int j = 0; j < 4 + 11 * i; ++j) p.push_back((37 * i + 11 * j + 5) % 500);
     prompts.push_back(p);
   }
-  auto generate = [&](DeepseekModel& model, const std::vector<std::vector<int32_t>>* truth) {
-    EngineConfig c;
-    c.max_model_len = 128;
-    c.kv_memory_bytes = 8 << 20;
-    c.block_size = 16;
-    c.max_num_batched_tokens = 32;
-    auto e = Engine::create(model, c, nullptr);
-    EXPECT_TRUE(e.ok()) << e.error().message;
-    std::vector<std::vector<int32_t>> out;
-    if (!e.ok()) return out;
-    std::vector<uint64_t> ids;
-    std::map<uint64_t, std::vector<int32_t>> by_id;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      ids.push_back(*(*e)->add_request(greedy(prompts[i], 20)));
-      if (truth) by_id[ids.back()] = (*truth)[i];
-    }
-    if (truth)
-      (*e)->set_proposer(std::make_unique<testing::WrongInTurnProposer>(by_id, static_cast<int32_t>(model.config().vocab_size)), 3);
-    auto done = run_all(**e);
-    for (uint64_t id : ids) out.push_back(done[id]);
-    if (truth) {  // guesses were both accepted and rejected: every rank rewound its state
-      EXPECT_GT((*e)->stats().accepted_tokens, 0);
-      EXPECT_LT((*e)->stats().accepted_tokens, (*e)->stats().draft_tokens);
-    }
-    return out;
-  };
-  const auto single = generate(**one, nullptr);
-  const auto tp = generate(**loaded, nullptr);
-  const auto tp_speculative = generate(**loaded, &single);
+  EngineConfig c;
+  c.max_model_len = 128;
+  c.kv_memory_bytes = 8 << 20;
+  c.block_size = 16;
+  c.max_num_batched_tokens = 32;
+  const auto single = generate_all(**one, c, prompts, 20);
+  const auto tp = generate_all(**loaded, c, prompts, 20);
+  const auto tp_speculative = generate_all(**loaded, c, prompts, 20, &single);
   ASSERT_EQ(tp.size(), single.size());
   ASSERT_EQ(tp_speculative.size(), single.size());
   for (size_t i = 0; i < tp.size(); ++i) {

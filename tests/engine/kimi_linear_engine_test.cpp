@@ -42,12 +42,7 @@ class KimiLinearEngineTest : public ::testing::Test {
     return e.ok() ? std::move(e).value() : nullptr;
   }
   static GenerateRequest greedy(std::vector<int32_t> prompt, int64_t max_tokens) {
-    GenerateRequest r;
-    r.prompt = std::move(prompt);
-    r.sampling.temperature = 0.0f;
-    r.stop.max_tokens = max_tokens;
-    r.stop.ignore_eos = true;
-    return r;
+    return testing::greedy(std::move(prompt), max_tokens);
   }
   std::vector<std::vector<int32_t>> prompts() const {
     std::vector<std::vector<int32_t>> p;

@@ -20,6 +20,16 @@ struct Finished {
   RequestOutput last;           // the output that finished it
 };
 
+// A greedy request for token ids, generating exactly max_tokens (eos ignored).
+inline GenerateRequest greedy(std::vector<int32_t> prompt, int64_t max_tokens) {
+  GenerateRequest r;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 0.0f;
+  r.stop.max_tokens = max_tokens;
+  r.stop.ignore_eos = true;
+  return r;
+}
+
 inline std::map<uint64_t, Finished> run_to_completion(Engine& e) {
   std::map<uint64_t, Finished> done;
   for (int steps = 0; e.has_work(); ++steps) {

@@ -12,63 +12,20 @@
 #include <map>
 #include <span>
 
+#include "golden_compare.h"
 #include "loader/safetensors.h"
 #include "models/deepseek_v3.h"
 
 namespace moat {
 namespace {
 
-constexpr double kRelTolerance = 1e-3;
+constexpr double kRelTolerance = testing::kGoldenRelTolerance;
 const std::filesystem::path kRoot = MOAT_SOURCE_DIR;
-
-struct Golden {
-  std::vector<int32_t> ids;
-  std::vector<float> logits;                       // [T, vocab]
-  std::map<int64_t, std::vector<float>> hidden;    // layer -> [T, hidden]
-};
-
-Golden read_golden(const std::filesystem::path& file) {
-  auto st = SafetensorsFile::open(file);
-  EXPECT_TRUE(st.ok()) << (st.ok() ? "" : st.error().message);
-  Golden g;
-  for (const TensorInfo& t : (*st)->tensors()) {
-    if (t.name == "input_ids") {
-      g.ids.assign(reinterpret_cast<const int32_t*>(t.data), reinterpret_cast<const int32_t*>(t.data) + t.numel());
-    } else if (t.name == "logits") {
-      g.logits.assign(reinterpret_cast<const float*>(t.data), reinterpret_cast<const float*>(t.data) + t.numel());
-    } else if (t.name.rfind("hidden.layer", 0) == 0) {
-      g.hidden[std::stoll(t.name.substr(12))].assign(reinterpret_cast<const float*>(t.data),
-                                                     reinterpret_cast<const float*>(t.data) + t.numel());
-    }
-  }
-  return g;
-}
-
-double max_abs(const float* v, size_t n) {
-  double m = 0.0;
-  for (size_t i = 0; i < n; ++i) m = std::max(m, static_cast<double>(std::fabs(v[i])));
-  return m;
-}
-
-// Relative error of got vs ref over n values: max |got - ref| / max |ref|.
-double rel_error(const float* got, const float* ref, size_t n) {
-  double m = 0.0;
-  for (size_t i = 0; i < n; ++i) m = std::max(m, static_cast<double>(std::fabs(got[i] - ref[i])));
-  return m / std::max(max_abs(ref, n), 1e-30);
-}
-
-void expect_logits_match(const float* got, const float* ref, int64_t vocab, const std::string& where) {
-  EXPECT_LE(rel_error(got, ref, static_cast<size_t>(vocab)), kRelTolerance) << where;
-  const auto top_got = std::max_element(got, got + vocab) - got;
-  const auto top_ref = std::max_element(ref, ref + vocab) - ref;
-  EXPECT_EQ(top_got, top_ref) << where << ": top-1 differs";
-}
-
-std::filesystem::path model_dir_for(const std::string& name) {
-  if (name == "k3_nano") return kRoot / "models/k3-nano";
-  if (name == "k3_nano_draft") return kRoot / "models/k3-nano-draft";
-  return kRoot / "tests/golden" / name;
-}
+using testing::expect_logits_match;
+using testing::Golden;
+using testing::read_golden;
+using testing::rel_error;
+std::filesystem::path model_dir_for(const std::string& name) { return testing::golden_model_dir(name); }
 
 // Loads the fixture's golden data and its model on the parameter's backend (skips when the
 // fixture is absent).

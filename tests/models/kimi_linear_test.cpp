@@ -11,6 +11,7 @@
 #include <map>
 #include <span>
 
+#include "golden_compare.h"
 #include "loader/safetensors.h"
 #include "models/deepseek_v3.h"
 
@@ -46,14 +47,7 @@ std::map<std::string, std::vector<float>> read_f32_tensors(const std::filesystem
   return out;
 }
 
-double rel_error(const float* got, const float* ref, size_t n) {
-  double diff = 0, scale = 1e-30;
-  for (size_t i = 0; i < n; ++i) {
-    diff = std::max(diff, static_cast<double>(std::fabs(got[i] - ref[i])));
-    scale = std::max(scale, static_cast<double>(std::fabs(ref[i])));
-  }
-  return diff / scale;
-}
+using testing::rel_error;
 
 std::unique_ptr<DeepseekModel> load(const Fixture& f, ops::Backend backend) {
   auto m = DeepseekModel::load(kGolden / f.name, {.backend = backend, .max_context = 256, .exact_activations = true,
