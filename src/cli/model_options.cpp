@@ -2,8 +2,10 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 
 #include "base/log.h"
 
@@ -25,7 +27,7 @@ void ModelOptions::add_to(CLI::App& sub) {
   sub.add_option("--model,-m", model,
                  "model directory (config.json, safetensors, tokenizer); default models/k3-nano");
   sub.add_option("--backend", backend, "cpu | reference");
-  sub.add_option("--threads,-t", threads, "threads (default: all cores)");
+  sub.add_option("--threads,-t", threads, "threads (default: all cores; under mpirun, the cores over the ranks on this machine)");
   sub.add_flag("--no-mmap", no_mmap,
                "read weights into anonymous memory instead of mapping them (same RSS)");
   sub.add_flag("--exact", exact,
@@ -80,12 +82,17 @@ Result<std::unique_ptr<DeepseekModel>> ModelOptions::load(const std::string& mod
                                                           std::shared_ptr<Communicator> comm) const {
   MOAT_ASSIGN_OR_RETURN(ops::Backend parsed, ops::parse_backend(backend));
   MOAT_ASSIGN_OR_RETURN(DType kv, parse_kv_dtype(kv_dtype));
+  // Ranks on one machine share its cores: by default each takes its share instead of all of them
+  // (N ranks x all cores would oversubscribe every core N times).
+  int model_threads = threads;
+  if (model_threads == 0 && comm && comm->ranks_on_this_node() > 1)
+    model_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm->ranks_on_this_node());
   return DeepseekModel::load(model_dir, {.backend = parsed,
                                      .max_context = max_context,
                                      .exact_activations = exact,
                                      .weights = no_mmap ? WeightPlacement::memory : WeightPlacement::mmap,
                                      .kv_dtype = kv,
-                                     .threads = threads,
+                                     .threads = model_threads,
                                      .mtp = mtp,
                                      .comm = comm,
                                      .expert_parallel = ep && comm != nullptr});

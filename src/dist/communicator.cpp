@@ -48,7 +48,12 @@ class MpiWorld final : public Communicator {
   MpiWorld() {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+    MPI_Comm_size(node, &node_size_);
+    MPI_Comm_free(&node);
   }
+  int ranks_on_this_node() const override { return node_size_; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
@@ -106,7 +111,7 @@ class MpiWorld final : public Communicator {
     stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
-  int rank_ = 0, size_ = 1;
+  int rank_ = 0, size_ = 1, node_size_ = 1;
   CommStats stats_;  // the step thread alone makes these calls
 };
 

@@ -44,6 +44,8 @@ class Communicator {
   // others do not wait forever in their next collective.
   [[noreturn]] virtual void abort(const std::string& why) = 0;
   virtual CommStats stats() const { return {}; }
+  // Ranks of this group on this machine (this one included): they share its cores.
+  virtual int ranks_on_this_node() const { return 1; }
 };
 
 // The group of one: every collective is the identity.
