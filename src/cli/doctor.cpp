@@ -24,6 +24,7 @@ struct DoctorArgs {
   std::string model;
   std::string backend = "cpu";
   int64_t tp = 1;
+  bool ep = false;
   std::string kv_dtype = "bf16";
   bool ops_table = false;
   std::string out;
@@ -110,6 +111,22 @@ int run_doctor(const DoctorArgs& a) {
                "beside {} bytes of MLA latent per token\n",
                needs->kda_heads_per_rank, needs->kda_head_dim, config->state_bytes_per_request() / a.tp,
                mla * config->kv_cache_dim() * static_cast<int64_t>(dtype_size(*kv)));
+  bool tp_refused = false;
+  if (a.tp > 1) {
+    const auto problems = tp_split_problems(*spec, static_cast<int>(a.tp), a.ep);
+    const std::string experts = config->n_routed_experts == 0 ? ""
+                                : a.ep ? fmt::format("; routed experts by expert (--ep): {}-{} per rank",
+                                                     config->n_routed_experts / a.tp,
+                                                     (config->n_routed_experts + a.tp - 1) / a.tp)
+                                       : fmt::format("; each routed expert's width split: {} per rank",
+                                                     config->moe_intermediate_size / a.tp);
+    if (problems.empty()) {
+      fmt::print("tensor parallel: every tensor splits over {} ranks{}\n", a.tp, experts);
+    } else {
+      for (const std::string& p : problems) fmt::print("tensor parallel: cannot split {}\n", p);
+    }
+    tp_refused = !problems.empty();
+  }
   fmt::print("backend {}: {}\n\n", a.backend, ops::backend_hardware_status(*backend));
   int unsupported = 0;
   for (const ops::ResolvedOp& r : ops::OpTable::plan(*backend, *needs)) {
@@ -130,6 +147,11 @@ int run_doctor(const DoctorArgs& a) {
     return 1;
   }
   fmt::print("\nevery op resolves on {}\n", a.backend);
+  if (tp_refused) {
+    fmt::print("but the weights do not split over {} ranks (above): the engine would refuse to load at --tp {}{}\n", a.tp,
+               a.tp, a.ep ? "" : " (--ep may)");
+    return 1;
+  }
   // Speculative verification and guess drawing (src/spec) add no op of their own: they run the
   // sampling ops above on the target's and the proposer's rows.
   fmt::print("speculative decoding (draft, ngram, mtp) runs on the sampling ops above: softmax, top_k/top_p/min_p "
@@ -142,6 +164,7 @@ void setup(CLI::App& sub, int& exit_code) {
   sub.add_option("--model", args->model, "Model directory with config.json (default: the shipped model)");
   sub.add_option("--backend", args->backend, "reference | cpu | cuda")->capture_default_str();
   sub.add_option("--tp", args->tp, "Tensor-parallel degree (heads per rank = heads / tp)")->capture_default_str();
+  sub.add_flag("--ep", args->ep, "With --tp: routed experts split by expert across the ranks");
   sub.add_option("--kv-dtype", args->kv_dtype, "latent KV cache element type: bf16, fp8, fp32")->capture_default_str();
   sub.add_flag("--ops-table", args->ops_table, "Print the op x backend x kernel table (docs/ops.md)");
   sub.add_option("--out", args->out, "With --ops-table: write the table to this file");

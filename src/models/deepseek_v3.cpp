@@ -49,6 +49,8 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::filesystem
     if (options.mtp) return make_error("--tp {}: an MTP head runs on one rank (load it without a communicator)", model->tp_);
   }
   MOAT_ASSIGN_OR_RETURN(ops::ModelOpNeeds needs, model_op_needs(c, model->tp_, options.kv_dtype));
+  if (auto problems = tp_split_problems(model->spec_, model->tp_, options.expert_parallel); !problems.empty())
+    return make_error("{}", problems.front());
   model->heads_ = needs.heads_per_rank;
   model->kda_heads_ = needs.kda_heads_per_rank;
   model->state_bytes_per_request_ =

@@ -166,6 +166,12 @@ struct MoeNames {
 void add_moe(WeightSpec& spec, int64_t layer, const std::string& prefix, const MoeNames& names = {});
 void add_kda_attention(WeightSpec& spec, int64_t layer, const std::string& prefix);
 
+// What would stop this table from splitting over tp ranks (models/tp_split.cpp), one line per kind
+// of tensor: a count the ranks do not divide in whole units (heads, widths), an fp8 scale block or
+// a 4-bit scale group cut by a rank boundary, fewer experts than ranks under expert parallelism.
+// Empty: it splits. DeepseekModel's load refuses with the first; `moat doctor --tp` lists them.
+std::vector<std::string> tp_split_problems(const WeightSpec& spec, int tp, bool expert_parallel);
+
 // The DeepSeek-V3 / V2 / Kimi K2 table (models/deepseek_v3_spec.cpp).
 WeightSpec deepseek_v3_weight_spec(const ModelConfig& config);
 // The first MTP head of such a checkpoint (model.layers.{num_hidden_layers}.*) as a one-layer

@@ -4,6 +4,10 @@
 // model's active-weight counts, and the architecture registry.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
+#include "config/model_config.h"
+
 #include <map>
 #include <optional>
 #include <set>
@@ -487,6 +491,46 @@ TEST(ExpertParallelSplit, EveryExpertOnExactlyOneRankBalancedWithinOne) {
     }
   const auto [first, last] = expert_range_of_rank(16, 3, 2);
   EXPECT_EQ(last - first, 6);  // 5, 5, 6
+}
+
+}  // namespace
+}  // namespace moat
+
+namespace moat {
+namespace {
+
+WeightSpec spec_of(const std::string& dir) {
+  auto c = load_model_config(std::filesystem::path(MOAT_SOURCE_DIR) / dir);
+  EXPECT_TRUE(c.ok()) << c.error().message;
+  auto s = weight_spec_for(*c);
+  EXPECT_TRUE(s.ok()) << s.error().message;
+  return *s;
+}
+
+// moat doctor --tp predicts the load's refusals from the weight table: what splits, and the first
+// tensor of each kind that does not, naming why.
+TEST(TpSplitProblems, PredictWhatTheLoadRefuses) {
+  EXPECT_TRUE(tp_split_problems(spec_of("models/k3-nano"), 2, false).empty());
+  EXPECT_TRUE(tp_split_problems(spec_of("models/k3-nano"), 4, true).empty());
+  EXPECT_TRUE(tp_split_problems(spec_of("tests/golden/tiny_kimi_linear"), 2, false).empty());
+  const auto fp8 = tp_split_problems(spec_of("tests/golden/tiny_fp8"), 2, false);
+  ASSERT_FALSE(fp8.empty());
+  EXPECT_NE(fp8.front().find("q_b_proj.weight at --tp 2: 192 rows per rank cut through the fp8 scale blocks of 128 rows"),
+            std::string::npos)
+      << fp8.front();
+  for (const std::string& p : fp8) EXPECT_EQ(p.find("experts.1."), std::string::npos) << "one line per kind: " << p;
+  const auto k3 = tp_split_problems(spec_of("tests/golden/tiny_k3"), 4, false);
+  ASSERT_EQ(k3.size(), 1u);
+  EXPECT_NE(k3.front().find("w2.weight at --tp 4: 16 columns per rank cut through the 32-column scale groups of MXFP4"),
+            std::string::npos)
+      << k3.front();
+  EXPECT_TRUE(tp_split_problems(spec_of("tests/golden/tiny_k3"), 4, true).empty());
+  // 16 experts over 32 ranks
+  EXPECT_FALSE(tp_split_problems(spec_of("models/k3-nano"), 32, true).empty());
+  // widths a degree does not divide: k3-nano's moe_intermediate 128 over 3 ranks
+  const auto three = tp_split_problems(spec_of("models/k3-nano"), 3, false);
+  ASSERT_FALSE(three.empty());
+  EXPECT_NE(three.front().find("do not split into 3 equal parts"), std::string::npos) << three.front();
 }
 
 }  // namespace
