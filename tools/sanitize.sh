@@ -24,7 +24,13 @@ ASAN_EXCLUDE='^(NoSpill\.|PerformanceTest\.)'
 common=(-DCMAKE_BUILD_TYPE=Sanitize -DMOAT_CUDA=OFF -DCMAKE_CXX_FLAGS_SANITIZE="-O2 -g")
 
 asan_env=(ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1
-          UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
+          UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+          LSAN_OPTIONS=suppressions=$PWD/tools/lsan.supp)
+# The tests under mpirun: OpenMPI allocates in plugins it dlopen()s and unloads at MPI_Finalize
+# without freeing, which LeakSanitizer reports as leaks of "<unknown module>" (no name to
+# suppress); they run with leak detection off, every other ASan and UBSan check on.
+MPI_TESTS='^(TensorParallel\.|OpenAIClientLibraryTp2|test_dist_nccl)'
+
 
 configure_asan() {
   local flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
@@ -36,9 +42,14 @@ run_asan() {
   local dir=build-asan
   configure_asan
   cmake --build "$dir" -j"$jobs" > "$dir/build.log" 2>&1 || { tail -40 "$dir/build.log"; return 1; }
+  local rc=0
   env "${asan_env[@]}" \
-    ctest --test-dir "$dir" --output-on-failure -j"$jobs" -E "$ASAN_EXCLUDE" 2>&1 | tee "$dir/sanitize.log" | tail -15
-  return "${PIPESTATUS[0]}"
+    ctest --test-dir "$dir" --output-on-failure -j"$jobs" -E "$ASAN_EXCLUDE|$MPI_TESTS" 2>&1 | tee "$dir/sanitize.log" | tail -15
+  rc=${PIPESTATUS[0]}
+  env "${asan_env[@]}" ASAN_OPTIONS=detect_leaks=0:strict_string_checks=1:detect_stack_use_after_return=1 \
+    ctest --test-dir "$dir" --output-on-failure -j1 -R "$MPI_TESTS" 2>&1 | tee -a "$dir/sanitize.log" | tail -8
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  return $rc
 }
 
 run_asan_quick() {

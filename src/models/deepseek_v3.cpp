@@ -45,9 +45,8 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::filesystem
     model->tp_rank_ = model->comm_->rank();
   }
   const ModelConfig& c = model->config_;
-  if (model->tp_ > 1) {
-    if (options.mtp) return make_error("--tp {}: an MTP head runs on one rank (load it without a communicator)", model->tp_);
-  }
+  if (model->tp_ > 1 && options.mtp)
+    return make_error("--tp {}: an MTP head runs on one rank (load it without a communicator)", model->tp_);
   MOAT_ASSIGN_OR_RETURN(ops::ModelOpNeeds needs, model_op_needs(c, model->tp_, options.kv_dtype));
   if (auto problems = tp_split_problems(model->spec_, model->tp_, options.expert_parallel); !problems.empty())
     return make_error("{}", problems.front());
@@ -57,9 +56,7 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::filesystem
       c.linear_attn ? c.num_kda_layers() * model->kda_state_floats_per_layer() * static_cast<int64_t>(sizeof(float)) : 0;
   model->expert_begin_ = 0;
   model->expert_end_ = c.n_routed_experts;
-  if (options.expert_parallel && model->tp_ > 1) {
-    if (c.n_routed_experts < model->tp_)
-      return make_error("--ep over {} ranks: the model has only {} routed experts", model->tp_, c.n_routed_experts);
+  if (options.expert_parallel && model->tp_ > 1) {  // tp_split_problems refused fewer experts than ranks
     std::tie(model->expert_begin_, model->expert_end_) =
         expert_range_of_rank(c.n_routed_experts, model->tp_, model->tp_rank_);
   }

@@ -527,7 +527,7 @@ TEST(KdaShortConv, StepStatesArePrefixFinalStates) {
         EXPECT_EQ(with.state, plain.state) << what;
         for (size_t s = 0; s < b.lens.size(); ++s)
           for (int32_t i = 0; i < b.lens[s]; ++i)
-            EXPECT_EQ(first_difference(&steps.each[s][i * per_token], conv_prefix_state(fn, b, s, i + 1).data(),
+            EXPECT_EQ(first_difference(steps.each[s].data() + i * per_token, conv_prefix_state(fn, b, s, i + 1).data(),
                                        per_token),
                       "")
                 << what << " sequence " << s << " step " << i;
