@@ -92,6 +92,22 @@ TEST(HostileTemplate, DeeplyNestedSourceIsASyntaxError) {
   EXPECT_EQ(run(repeat("{% if 1 %}", 50) + "x" + repeat("{% endif %}", 50)), "=x");
 }
 
+// A macro that calls itself from inside nested blocks and expressions: each level costs the
+// stack of every block and expression around the call, so the macro-depth limit (256) alone let
+// it overflow the stack (fuzz_chat_template, under ASan's larger frames). The render stops at 2 MiB
+// of stack, or at the depth limit, with an error either way.
+TEST(HostileTemplate, RecursiveMacroInsideNestedBlocksIsAnError) {
+  std::string body = "{{ f(n + 1) }}";
+  for (int i = 0; i < 45; ++i) body = "{% if n >= 0 %}{% for i in [1] %}" + body + "{% endfor %}{% endif %}";
+  const std::string expr = "{{ " + repeat("(", 20) + "f(n + 1)" + repeat(")", 20) + " }}";
+  for (const std::string& inner : {body, expr + body}) {
+    const std::string message = run("{% macro f(n) %}" + inner + "{% endmacro %}{{ f(0) }}");
+    EXPECT_TRUE(message.find("nests too deeply") != std::string::npos ||
+                message.find("macro recursion too deep") != std::string::npos)
+        << message.substr(0, 300);
+  }
+}
+
 TEST(HostileTemplate, DeeplyNestedContext) {
   json deep = json::array();
   for (int i = 0; i < 5000; ++i) deep = json::array({deep});

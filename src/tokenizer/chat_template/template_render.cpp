@@ -28,6 +28,10 @@ namespace {
 // chat templates stay orders of magnitude below them (a 1000-message conversation through the
 // largest template in shared/testdata takes ~10^5 steps and ~10^5 bytes).
 constexpr int64_t kMaxSteps = 2'000'000;  // statements and loop iterations per render
+// Stack a render may use. The parse limits (blocks 100 deep, expressions 500) and the macro depth
+// (256) multiply at run time: a macro calling itself from inside nested blocks overflowed the
+// stack (found by fuzz_chat_template). Real templates use a few KiB; threads have 8 MiB.
+constexpr uintptr_t kMaxStackBytes = 2 << 20;
 constexpr size_t kMaxStringBytes = 64 << 20;  // any string the template builds, the output included
 
 void check_string_size(size_t bytes) {
@@ -638,6 +642,7 @@ class Renderer {
   std::string run(const Template& t) {
     std::string out;
     out_ = &out;
+    stack_base_ = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
     exec(t.body);
     return out;
   }
@@ -652,7 +657,16 @@ class Renderer {
     return Flow::kNormal;
   }
 
+  // exec and eval are the recursion every nesting goes through: each checks the stack used.
+  void check_stack() const {
+    const uintptr_t here = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+    if (stack_base_ > here && stack_base_ - here > kMaxStackBytes)
+      type_error("the template nests too deeply (over " + std::to_string(kMaxStackBytes >> 20) +
+                 " MiB of stack: recursive macros?)");
+  }
+
   Flow exec(const Stmt& s) {
+    check_stack();
     if (++steps_ > kMaxSteps)
       type_error("the template ran more than " + std::to_string(kMaxSteps) + " steps (a loop that does not end?)");
     try {
@@ -853,6 +867,7 @@ class Renderer {
   }
 
   Value eval(const Expr& e) {
+    check_stack();
     try {
       return eval_inner(e);
     } catch (TemplateError& err) {
@@ -1684,6 +1699,7 @@ class Renderer {
   std::unordered_map<std::string, Value> globals_;
   std::string* out_ = nullptr;
   int depth_ = 0;
+  uintptr_t stack_base_ = 0;  // frame address at run(): check_stack measures from it
   int64_t steps_ = 0;  // exec() calls and loop iterations, against kMaxSteps
   std::vector<std::shared_ptr<Scope>> closures_;  // scopes macros close over (~Renderer)
   std::vector<std::shared_ptr<Dict>> namespaces_;  // every namespace() made (~Renderer)
