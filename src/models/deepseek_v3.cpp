@@ -111,8 +111,7 @@ Status DeepseekModel::load_weights() {
         // (Kimi Linear's [1, 1, heads, 1] and K3's [K] whose first `heads` entries are used).
         if (t.split == TpSplit::column) {
           const int64_t rows = t.shape[0], per = rows / tp_, row_floats = t.numel() / rows;
-          if (rows % (tp_ * t.split_unit) != 0)
-            return make_error("{} at --tp {}: {} rows do not split into {} equal parts", t.name, tp_, rows, tp_);
+          MOAT_CHECK(rows % (tp_ * t.split_unit) == 0, "{}: tp_split_problems let an uneven split through", t.name);
           v = std::vector<float>(v.begin() + per * tp_rank_ * row_floats, v.begin() + per * (tp_rank_ + 1) * row_floats);
         } else if (t.role == Role::kda_a_log) {
           v = std::vector<float>(v.begin() + kda_heads_ * tp_rank_, v.begin() + kda_heads_ * (tp_rank_ + 1));
@@ -203,9 +202,7 @@ Status DeepseekModel::shard_matrix(const TensorSpec& t, WeightMatrix& m) {
     case TpSplit::column:
     case TpSplit::row: {
       const int64_t n = split == TpSplit::column ? m.out_features : m.in_features;
-      if (n % (tp_ * t.split_unit) != 0)
-        return make_error("{} at --tp {}: {} {} do not split into {} equal parts of whole {}-wide units", t.name, tp_, n,
-                          split == TpSplit::column ? "rows" : "columns", tp_, t.split_unit);
+      MOAT_CHECK(n % (tp_ * t.split_unit) == 0, "{}: tp_split_problems let an uneven split through", t.name);
       const int64_t per = n / tp_;
       if (split == TpSplit::column) return named(slice_rows(m, per * tp_rank_, per));
       return named(copy_columns(m, per * tp_rank_, per, owned_.emplace_back()));

@@ -313,10 +313,11 @@ class DeepseekModel {
   int64_t vocab_per_rank_ = 0;    // lm_head rows per rank (the last rank's may be fewer: zero-padded)
   std::deque<OwnedWeightBytes> owned_;  // column slices copied out of the checkpoint
   Buffer logits_local_, logits_gathered_;  // [R, vocab_per_rank], [tp, R, vocab_per_rank]
-  // Worker ranks: caches mirroring rank 0's, by PagedLatentCache::id(), the most recent last; rank
-  // 0 keeps the same list of ids so that it can refuse to step a cache the workers evicted.
+  // Worker ranks: caches mirroring rank 0's, by PagedLatentCache::id(); tp_cache_ids_ is their
+  // recency order, which rank 0 keeps too so that it can refuse to step a cache the workers evicted.
   std::vector<std::pair<uint64_t, std::unique_ptr<PagedLatentCache>>> tp_caches_;
   std::vector<std::pair<uint64_t, std::unique_ptr<StateSlotPool>>> tp_pools_;  // the same for state pools
+  std::vector<uint64_t> tp_pool_ids_;  // workers: the pools' recency order
   std::vector<uint64_t> tp_cache_ids_, tp_evicted_ids_;
   std::vector<int64_t> kda_step_base_;
   std::vector<int32_t> kda_step_len_;

@@ -73,7 +73,8 @@ int64_t packed_size(const TpStepHeader& h) {
          h.num_logit_rows;
 }
 
-// Moves id to the back of the list (most recent); returns the id it pushed out, or 0.
+// Moves id to the back of the list (most recent); returns the id it pushed out, or 0. Rank 0's
+// list of ids and the workers' mirrors follow the same order, so both evict the same cache.
 uint64_t touch(std::vector<uint64_t>& ids, uint64_t id) {
   std::erase(ids, id);
   ids.push_back(id);
@@ -81,6 +82,22 @@ uint64_t touch(std::vector<uint64_t>& ids, uint64_t id) {
   const uint64_t evicted = ids.front();
   ids.erase(ids.begin());
   return evicted;
+}
+
+// A worker's mirror of rank 0's object `id` (a latent cache or a state pool), made by make() when
+// absent or when keep(existing) says it no longer matches; kept in touch()'s order and bounded alike.
+template <class T, class Make, class Keep>
+T& mirror_of(std::vector<std::pair<uint64_t, std::unique_ptr<T>>>& mirrors, std::vector<uint64_t>& ids, uint64_t id,
+             Make make, Keep keep) {
+  auto it = std::find_if(mirrors.begin(), mirrors.end(), [&](const auto& m) { return m.first == id; });
+  if (it != mirrors.end() && !keep(*it->second)) {
+    mirrors.erase(it);
+    it = mirrors.end();
+  }
+  if (it == mirrors.end()) mirrors.emplace_back(id, make());
+  if (uint64_t evicted = touch(ids, id))
+    std::erase_if(mirrors, [&](const auto& m) { return m.first == evicted; });
+  return *std::find_if(mirrors.begin(), mirrors.end(), [&](const auto& m) { return m.first == id; })->second;
 }
 
 }  // namespace
@@ -156,40 +173,33 @@ void DeepseekModel::run_tp_worker() {
     comm_->broadcast(packed.data(), static_cast<int64_t>(sizeof(int64_t) * packed.size()), 0);
     const ForwardBatch batch = unpack(h, packed);
     const LatentCacheShape shape{h.cache_layers, h.cache_dim, static_cast<DType>(h.cache_dtype)};
-    auto it = std::find_if(tp_caches_.begin(), tp_caches_.end(), [&](const auto& c) { return c.first == h.cache_id; });
-    if (it == tp_caches_.end()) {
-      tp_caches_.emplace_back(h.cache_id, std::make_unique<PagedLatentCache>(shape, static_cast<int32_t>(h.cache_blocks),
-                                                                             static_cast<int32_t>(h.block_size)));
-      it = tp_caches_.end() - 1;
-    }
-    const PagedLatentCache& mirror = *it->second;
-    MOAT_CHECK(mirror.num_blocks() == h.cache_blocks && mirror.block_size() == h.block_size &&
-                   mirror.shape().num_layers == h.cache_layers && mirror.shape().dim == h.cache_dim,
-               "rank 0's cache {} changed shape", h.cache_id);
-    // the same recency order as rank 0's list
-    std::rotate(it, it + 1, tp_caches_.end());
-    if (tp_caches_.size() > kMaxMirroredCaches) tp_caches_.erase(tp_caches_.begin());
+    PagedLatentCache& cache = mirror_of(
+        tp_caches_, tp_cache_ids_, h.cache_id,
+        [&] {
+          return std::make_unique<PagedLatentCache>(shape, static_cast<int32_t>(h.cache_blocks),
+                                                    static_cast<int32_t>(h.block_size));
+        },
+        [&](const PagedLatentCache& c) {
+          MOAT_CHECK(c.num_blocks() == h.cache_blocks && c.block_size() == h.block_size &&
+                         c.shape().num_layers == h.cache_layers && c.shape().dim == h.cache_dim,
+                     "rank 0's cache {} changed shape", h.cache_id);
+          return true;
+        });
     ForwardExtras extras;
     if (h.pool_id != 0) {
-      StateSlotPool* pool = pool_of(h.pool_id);
-      if (pool == nullptr || pool->num_slots() != h.pool_slots) {
-        std::erase_if(tp_pools_, [&](const auto& e) { return e.first == h.pool_id; });
-        tp_pools_.emplace_back(h.pool_id, std::make_unique<StateSlotPool>(static_cast<int32_t>(h.pool_slots),
-                                                                          state_bytes_per_request_));
-        pool = tp_pools_.back().second.get();
-        if (tp_pools_.size() > kMaxMirroredCaches) tp_pools_.erase(tp_pools_.begin());
-      }
+      StateSlotPool& pool = mirror_of(
+          tp_pools_, tp_pool_ids_, h.pool_id,
+          [&] { return std::make_unique<StateSlotPool>(static_cast<int32_t>(h.pool_slots), state_bytes_per_request_); },
+          [&](const StateSlotPool& p) { return p.num_slots() == h.pool_slots; });
       // A sequence that starts at position 0 starts from the zero state, as rank 0's freshly
       // allocated slot does (hybrids take no prefix-cache hits); any other must be running here.
-      for (int32_t s = 0; s < batch.num_sequences(); ++s) {
-        const int32_t slot = batch.state_slots[s];
+      for (int32_t s = 0; s < batch.num_sequences(); ++s)
         if (batch.query_start[s + 1] > batch.query_start[s] && batch.positions[batch.query_start[s]] == 0)
-          pool->acquire(slot);
-      }
-      extras.states = pool;
+          pool.acquire(batch.state_slots[s]);
+      extras.states = &pool;
       extras.keep_step_states = h.keep_step_states != 0;
     }
-    forward_local(batch, *tp_caches_.back().second, nullptr, nullptr, extras);
+    forward_local(batch, cache, nullptr, nullptr, extras);
   }
 }
 
