@@ -15,10 +15,11 @@
 // 4-bit routed experts (q4_rows): MXFP4 and INT4 (group 32) at Kimi K3's 3072 x 3584 gate/up and
 // 3584 x 3072 down and Kimi K2-Thinking's 2048 x 7168 gate/up, T = 1 (GB/s of codes + scales vs
 // bandwidth, default W4A16 and exact) and T = 16, 64 (vs the lower of the bf16 peak and streaming
-// the weights once); --4bit-only runs just the probes and these.
+// the weights once); --4bit-only runs just the probes and these. --decode-only: the probes and
+// every T = 1 matmul row (bf16, fp8, 4-bit), the quick check of the decode GEMVs.
 // Every timed kernel is first checked against the reference kernel.
 //
-//   kernel_bench [--threads 1,2] [--markdown] [--batched-only] [--kda-only] [--4bit-only]
+//   kernel_bench [--threads 1,2] [--markdown] [--batched-only] [--kda-only] [--4bit-only] [--decode-only]
 #include <immintrin.h>
 
 // GCC 12's _mm512_reduce_add_ps starts from an _mm512_undefined value: a false positive.
@@ -247,7 +248,8 @@ Q4Weights make_q4_weights(DType dtype, int64_t N, int64_t K, int64_t min_total_b
 // (x split into bf16 hi + lo), GB/s of codes + scales against the read bandwidth; batched decode
 // T = 16 and 64 (x rounded to bf16) against the lower of the bf16 peak and streaming the weights
 // once. check: compare with the reference first. False when a kernel disagrees.
-bool q4_rows(std::vector<Row>& rows, const std::string& tt, double bw, double peak, bool check, int64_t llc_span) {
+bool q4_rows(std::vector<Row>& rows, const std::string& tt, double bw, double peak, bool check, int64_t llc_span,
+             bool decode_only) {
   std::mt19937 rng(5);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   struct Shape {
@@ -265,6 +267,7 @@ bool q4_rows(std::vector<Row>& rows, const std::string& tt, double bw, double pe
         bool exact;
       };
       for (auto [T, exact] : {Variant{1, false}, Variant{1, true}, Variant{16, false}, Variant{64, false}}) {
+        if (decode_only && T > 1) continue;
         const MatmulPrecision precision = exact ? MatmulPrecision::exact() : MatmulPrecision{};
         std::vector<float> x(static_cast<size_t>(T * s.K)), y(static_cast<size_t>(T * s.N));
         for (float& v : x) v = dist(rng);
@@ -310,6 +313,7 @@ int main(int argc, char** argv) {
   bool batched_only = false;  // only the probes and the batched-decode matmul rows (quick)
   bool kda_only = false;      // only the probes and the KDA rows (quick)
   bool q4_only = false;       // only the probes and the 4-bit matmul rows
+  bool decode_only = false;   // only the probes and the T = 1 matmul rows (every weight type)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) {
@@ -328,8 +332,10 @@ int main(int argc, char** argv) {
       kda_only = true;
     } else if (a == "--4bit-only") {
       q4_only = true;
+    } else if (a == "--decode-only") {
+      decode_only = true;
     } else {
-      std::fprintf(stderr, "usage: kernel_bench [--threads 1,2] [--markdown] [--batched-only] [--kda-only] [--4bit-only]\n");
+      std::fprintf(stderr, "usage: kernel_bench [--threads 1,2] [--markdown] [--batched-only] [--kda-only] [--4bit-only] [--decode-only]\n");
       return 2;
     }
   }
@@ -362,7 +368,7 @@ int main(int argc, char** argv) {
     rows.push_back({"fp32 FMA peak (" + tt + ")", "vfmadd231ps" + chains, fp32_peak, fp32_peak, 100, "GFLOPS"});
 
     if (q4_only) {
-      if (!q4_rows(rows, tt, bw, peak, threads == thread_counts.front(), kLlcSpan)) return 1;
+      if (!q4_rows(rows, tt, bw, peak, threads == thread_counts.front(), kLlcSpan, false)) return 1;
       continue;
     }
     if (kda_only) {
@@ -389,6 +395,7 @@ int main(int argc, char** argv) {
           const bool is_bf16_kernel = k->name == "cpu.matmul_avx512bf16";
           if ((fast || exact) && !is_bf16_kernel) continue;
           if (exact != (exact && fp8) || (fast && fp8)) continue;  // exact: fp8 only; fast = default for fp8
+          if (decode_only && T > 1) continue;
           const MatmulPrecision precision{fast ? 16 : std::numeric_limits<int64_t>::max(), exact};
           std::vector<float> x(static_cast<size_t>(T * s.K)), y(static_cast<size_t>(T * s.N));
           for (float& v : x) v = dist(rng);
@@ -421,6 +428,10 @@ int main(int argc, char** argv) {
       }
     }
 
+    if (decode_only) {
+      if (!q4_rows(rows, tt, bw, peak, threads == thread_counts.front(), kLlcSpan, true)) return 1;
+      continue;
+    }
     // Batched decode: each routed expert gets 5-16 rows in a 64-stream decode step, dense
     // projections and the lm_head get all 64. Default precision (x rounded to bf16 past
     // split_max_tokens). Roofline: the bf16 peak or streaming the weights once, whichever is lower.
@@ -448,7 +459,7 @@ int main(int argc, char** argv) {
       }
     }
     if (batched_only) continue;
-    if (!q4_rows(rows, tt, bw, peak, threads == thread_counts.front(), kLlcSpan)) return 1;
+    if (!q4_rows(rows, tt, bw, peak, threads == thread_counts.front(), kLlcSpan, false)) return 1;
 
     // MLA decode attention: one token, 16 heads, 4096 cached latents of 576 values in the paged
     // bf16 cache (blocks of 64 rows, shuffled over the pool as a serving engine leaves them).

@@ -14,6 +14,10 @@
 #                            the existing BENCHMARKS.md (between its marker comments) in place
 #   ONLY=tp bench/run.sh    reruns the tensor-parallel section (bench/tp_bench.sh: mpirun, ~1 minute)
 #                            and replaces it in place
+#   ONLY=peer bench/run.sh  reruns the side-by-side with llama.cpp (bench/llama_cpp_peer.sh: needs
+#                            LLAMA_CPP_DIR, a llama.cpp build with llama-bench; ~10 minutes, plus the
+#                            GGUF conversion the first time) and replaces that section in place. A full
+#                            run includes it when LLAMA_CPP_DIR is set and leaves a note in its place when not.
 #   ONLY=serve bench/run.sh reruns the engine-core rows and `moat serve` over HTTP (the overhead table
 #                            needs both from one run) and replaces the serve section and its plot,
 #                            docs/bench_serve.png, in place
@@ -30,7 +34,7 @@ ONLY=${ONLY:-}
 load_before=$(cut -d' ' -f1 /proc/loadavg)
 if [[ "$ONLY" == kimi ]]; then
   kernels=$("$BUILD_DIR/kernel_bench" --threads "$THREADS" --kda-only --markdown)
-elif [[ "$ONLY" == serve || "$ONLY" == tp ]]; then
+elif [[ "$ONLY" == serve || "$ONLY" == tp || "$ONLY" == peer ]]; then
   kernels=""
 else
   kernels=$("$BUILD_DIR/kernel_bench" --threads "$THREADS" --markdown)
@@ -47,7 +51,7 @@ load_after=$(cut -d' ' -f1 /proc/loadavg)
 MODELS=${MODELS:-models/k3-nano checkpoints/bench checkpoints/bench-fp8}
 # Kimi-Linear-48B-shaped hybrid (4 layers: KDA x 3 then MLA, 64 routed experts in MXFP4); KIMI= skips it.
 KIMI=${KIMI-checkpoints/bench-kimi}
-[[ "$ONLY" == serve || "$ONLY" == tp ]] && KIMI=""
+[[ "$ONLY" == serve || "$ONLY" == tp || "$ONLY" == peer ]] && KIMI=""
 if [[ -n "$KIMI" && ! -f "$KIMI/config.json" ]]; then
   /usr/bin/python3 tools/make_checkpoint.py --preset bench-kimi --out "$KIMI" --shards 3 >/dev/null
 fi
@@ -185,6 +189,49 @@ if [[ "$ONLY" == kimi ]]; then
   replace_section kimi "$OUT.kimi" "## moat serve over HTTP"
   rm -f "$OUT.kimi"
   echo "replaced the Kimi section of $OUT (load average $load_before before the kernel probes, $load_after after)"
+  exit 0
+fi
+
+# Side by side with llama.cpp on the same weights (bench/llama_cpp_peer.sh): llama-bench and model_bench
+# alternating per thread count, bf16 GGUF against the bf16 checkpoint and Q8_0 against FP8. Skipped, with a
+# note in the section, when LLAMA_CPP_DIR is unset (llama.cpp is built by the user outside this repository).
+peer_rows="" peer_note=""
+if [[ -z "$ONLY" || "$ONLY" == peer ]]; then
+  if [[ -z "${LLAMA_CPP_DIR:-}" ]]; then
+    peer_note="Not measured in this run: LLAMA_CPP_DIR was not set (see bench/llama_cpp_peer.sh)."
+    echo "bench/run.sh: skipping the llama.cpp peer section: LLAMA_CPP_DIR is unset" >&2
+  elif ! peer_rows=$(BUILD_DIR="$BUILD_DIR" THREADS="$THREADS" bench/llama_cpp_peer.sh); then
+    peer_rows=""
+    peer_note="Not measured in this run: bench/llama_cpp_peer.sh failed (LLAMA_CPP_DIR=$LLAMA_CPP_DIR)."
+    echo "bench/run.sh: bench/llama_cpp_peer.sh failed; the peer section says so" >&2
+  fi
+fi
+peer_section() {
+  echo "<!-- bench/run.sh section: peer (ONLY=peer bench/run.sh regenerates it alone) -->"
+  echo
+  echo "## Side by side with llama.cpp (same weights)"
+  echo
+  if [[ -z "$peer_rows" ]]; then
+    echo "$peer_note"
+  else
+    echo "bench/llama_cpp_peer.sh: llama.cpp's llama-bench (CPU backend, native ISA, built outside this repository)"
+    echo "and moat's model_bench on the same weights, in one run, the engines alternating per thread count. bf16: the"
+    echo "bench checkpoint, converted by bench/gguf_from_hf.py to a BF16 GGUF (norms and router f32, as llama.cpp's own"
+    echo "converter writes them). FP8 vs Q8_0: the FP8 bench checkpoint (e4m3, 128x128 block scales) for moat; for"
+    echo "llama.cpp its FP8 matrices dequantized and quantized to Q8_0 (8.5 bits a weight), the embedding and lm_head"
+    echo "bf16 in both. Random token ids in both. Prefill: one prompt from an empty cache; decode: one stream, greedy."
+    echo
+    echo "$peer_rows"
+  fi
+  echo
+  echo "<!-- end of section: peer -->"
+}
+if [[ "$ONLY" == peer ]]; then
+  [[ -n "$peer_rows" ]] || { echo "ONLY=peer: $peer_note" >&2; exit 1; }
+  peer_section > "$OUT.peer"
+  replace_section peer "$OUT.peer" "## Serving throughput (engine core, no HTTP)"
+  rm -f "$OUT.peer"
+  echo "replaced the llama.cpp peer section of $OUT"
   exit 0
 fi
 
@@ -383,6 +430,8 @@ fi
   echo "anonymous huge-page memory (\`--no-mmap\`): the same RSS."
   echo
   echo "$model_rows"
+  echo
+  peer_section
   echo
   echo "## Serving throughput (engine core, no HTTP)"
   echo

@@ -10,7 +10,9 @@
 //   vector takes two dot products: as accurate as fp32 FMAs, and free when bandwidth-bound.
 //   Longer calls (prefill, compute-bound) round x to bf16 once: twice the dot-product rate,
 //   normalized error ~4e-3. n = max keeps every call exact (the golden tests, at 1e-3).
-// - W streams from memory exactly once per call. Split calls (decode, exact mode): each task owns a
+// - W streams from memory exactly once per call. Decode-sized calls (T <= 4 tokens; fp8 and 4-bit
+//   weights also in exact mode): each task splits its rows into 4 lanes and reads one row of each
+//   lane side by side (lane_tiles: 4 long sequential streams). Exact-mode prefill: each task owns a
 //   range of 4-row groups, walks it in chunks of rows that stay in L2 (~128 KiB), and runs every
 //   token against a chunk before the next; the microkernel (tile_bf16) keeps 4 rows x up to 4
 //   tokens of dot-product accumulators in registers. Calls that round x to bf16 (batched decode
@@ -140,47 +142,50 @@ void permute_x64(const uint16_t* xb, int64_t T, int64_t Kp, uint16_t* xp) {
     }
 }
 
-// Software prefetch for decode-sized tiles, which stream each weight byte once. A tile reads its 4
-// rows side by side, so each row is prefetched a fixed distance ahead of its own read position,
-// continuing into the same row of the following groups when it runs off the end: ~2 KiB per row
-// (~8 KiB of the stream) into L1 and ~8 KiB per row (~32 KiB) into L2, whatever the row length.
-// Measured on bf16 matrices read from DRAM: 97-101% of the streaming-read probe on 1408x2048,
-// 2048x1408, 512x128 and 102400x2048, against 71-93% with one group ahead into L1 only (short
-// rows ended before the hardware prefetcher ramped up on each new group); on 2048x10944 91% -> 95%
-// (a group-granular distance put the L1 target 87 KiB away there).
-struct PrefetchCursor {
-  int64_t rows_ahead, k;  // prefetch row r + rows_ahead at column k (whole 4-row groups ahead)
-};
+// Decode-sized tiles (T <= 4) read their NR rows from NR separate lanes of the task's rows (see
+// lane_tiles), so each row of a tile is one long sequential stream: the next row of a lane
+// follows the current one in memory. Each stream is prefetched a fixed distance ahead of its
+// own read position, straight on into the lane's next row. (The 4 rows of a tile used to be 4
+// consecutive rows: then every stream ended after one row, 4-22 KiB, and the prefetchers had to
+// find 4 new streams per tile.)
 struct Prefetch {
-  PrefetchCursor l1, l2;  // where each starts for a tile reading from column 0
+  int64_t l1_bytes, l2_bytes;  // distance ahead of the read position into L1 / L2; 0: none
 };
-inline PrefetchCursor cursor_at(int64_t distance, int64_t K) { return {4 * (distance / K), distance % K}; }
-// A cursor on one tile's rows (stride elements apart) kept as an element offset from row 0, so an
-// address costs an add rather than a multiply: the decode tiles' loops run short of general
-// registers, and at -O3 GCC then spilled a weight vector.
-struct PrefetchStream {
-  int64_t k, off;
-  PrefetchStream(const PrefetchCursor& c, int64_t stride) : k(c.k), off(c.rows_ahead * stride + c.k) {}
-  // one step of `step` columns along rows of K columns
-  void advance(int64_t step, int64_t K, int64_t stride) {
-    off += step;
-    for (k += step; k >= K; k -= K) off += 4 * stride - K;
-  }
-};
-// Issues the L1 and L2 prefetches for NR rows (row stride `stride` elements of T). The caller moves
-// the cursors on (advance) after its dot products: the advance is a loop, and vectors live across
-// it would have to survive a branch. always_inline: left out of line, GCC finds the function free
-// of side effects (prefetches do not count) and deletes the call (it did, for NR >= 2).
-template <int NR, typename T>
-__attribute__((always_inline)) inline void prefetch_rows(const T* rows, int64_t stride, const PrefetchStream& l1, const PrefetchStream& l2) {
+// Issues the L1 and L2 prefetches for NR rows `stride_bytes` apart, `at` the first row's read
+// position. always_inline: left out of line, GCC finds the function free of side effects
+// (prefetches do not count) and deletes the call (it did, for NR >= 2).
+template <int NR>
+__attribute__((always_inline)) inline void prefetch_rows(const void* at, int64_t stride_bytes, const Prefetch& pf) {
+  const char* p = static_cast<const char*>(at);
 #pragma GCC unroll 4
   for (int r = 0; r < NR; ++r) {
-    _mm_prefetch(reinterpret_cast<const char*>(rows + l1.off + r * stride), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(rows + l2.off + r * stride), _MM_HINT_T1);
+    if (pf.l1_bytes > 0) _mm_prefetch(p + r * stride_bytes + pf.l1_bytes, _MM_HINT_T0);
+    if (pf.l2_bytes > 0) _mm_prefetch(p + r * stride_bytes + pf.l2_bytes, _MM_HINT_T1);
   }
 }
-inline Prefetch prefetch_distances(int64_t K, int64_t elem_bytes) {
-  return {cursor_at(2048 / elem_bytes, K), cursor_at(8192 / elem_bytes, K)};
+// 2 KiB ahead into L1, nothing into L2. kernel_bench --decode-only on Zen 5 (1 and 2 threads,
+// several runs on a noisy VM; % of the bandwidth probe in the same run): bf16 and fp8 T = 1 at
+// 85-96% with 2 KiB, 768 B-1 KiB about the same, 4 KiB a few % lower; an L2 prefetch 4-8 KiB
+// ahead as well cost 20-35% at 1 thread; without any, fp8 decode fell to ~30% (bf16 and 4-bit
+// kept ~75%): its decode work per byte is high enough that the hardware prefetcher falls behind.
+inline constexpr Prefetch kDecodePrefetch{2048, 0};
+
+// Rows [begin, end) of one task as decode tiles: 4 lanes of L = (end - begin) / 4 rows read side
+// by side (tile i: rows begin + i + q L, q = 0..3; fn(n0, 4, L)), then the 0-3 rows left over as
+// one tile of consecutive rows (fn(n0, rows, 1)). fn(n0, nr, rs): rows n0 + r rs, r < nr.
+template <class Fn>
+inline void lane_tiles(int64_t begin, int64_t end, Fn&& fn) {
+  const int64_t L = (end - begin) / 4;
+  for (int64_t i = 0; i < L; ++i) fn(begin + i, int64_t{4}, L);
+  if (begin + 4 * L < end) fn(begin + 4 * L, end - begin - 4 * L, int64_t{1});
+}
+
+// Writes (or adds to) the NR values v[r] at y[r * ys]: tiles of rows from lanes store their
+// sums ys apart.
+template <int NR>
+__attribute__((always_inline)) inline void store_rows(const float* v, float* y, int64_t ys, bool accumulate) {
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) y[r * ys] = (accumulate ? y[r * ys] : 0.0f) + v[r];
 }
 
 // The four horizontal sums of a0..a3 as one vector {sum a0, sum a1, sum a2, sum a3}: 13 shuffles
@@ -194,7 +199,7 @@ inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 }
 
 // acc[r][t] over K for NR weight rows (bf16, row stride ws) x NT tokens (xb rows, stride Kp);
-// writes y[t * N + r].
+// writes y[t * N + r * ys] (ys > 1: rows from lanes, lane_tiles).
 // kSplit: x is hi + lo (xb and xb + lo_off), two dot products per weight vector. Decode-sized
 // tiles (NT <= 2) sum the lo products in accumulators of their own: with one shared accumulator
 // per row the two products are dependent, 2 x ~6 cycles per 32 columns, which capped a 4-row T=1
@@ -207,7 +212,7 @@ inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 // on Zen 5). tests/ops/no_spill_test.cpp disassembles these tiles and fails on such code.
 template <int NR, int NT, bool kSplit>
 void tile_bf16(const uint16_t* w, int64_t ws, const uint16_t* xb, int64_t lo_off, int64_t Kp, int64_t K, float* y,
-               int64_t N, bool accumulate, const Prefetch& pf) {
+               int64_t N, int64_t ys, bool accumulate, const Prefetch& pf) {
   constexpr bool kLoAcc = kSplit && NT <= 2;
   __m512 acc[NR][NT], lo[NR][kLoAcc ? NT : 1];
 #pragma GCC unroll 4
@@ -232,19 +237,14 @@ void tile_bf16(const uint16_t* w, int64_t ws, const uint16_t* xb, int64_t lo_off
     }
   };
   int64_t k = 0;
-  PrefetchStream p1(pf.l1, ws), p2(pf.l2, ws);
   for (; k + 32 <= K; k += 32) {
     __m512i wv[NR];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) wv[r] = _mm512_loadu_si512(w + r * ws + k);
     // decode-sized tiles only: in prefill the rows are already in L2 and the prefetches would
     // take load slots from the dot products
-    if constexpr (NT <= 2) prefetch_rows<NR>(w, ws, p1, p2);
+    if constexpr (NT <= 2) prefetch_rows<NR>(w + k, 2 * ws, pf);
     step(wv, k);
-    if constexpr (NT <= 2) {
-      p1.advance(32, K, ws);
-      p2.advance(32, K, ws);
-    }
   }
   if (k < K) {  // ragged K: masked weight loads (x is zero padded to Kp)
     const __mmask32 m = tail_mask(K - k);
@@ -263,61 +263,65 @@ void tile_bf16(const uint16_t* w, int64_t ws, const uint16_t* xb, int64_t lo_off
   for (int t = 0; t < NT; ++t) {
     if constexpr (NR == 4) {
       __m128 v = reduce4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
-      if (accumulate) v = _mm_add_ps(v, _mm_loadu_ps(y + t * N));
-      _mm_storeu_ps(y + t * N, v);
+      if (ys == 1) {
+        if (accumulate) v = _mm_add_ps(v, _mm_loadu_ps(y + t * N));
+        _mm_storeu_ps(y + t * N, v);
+      } else {
+        alignas(16) float sums[4];
+        _mm_store_ps(sums, v);
+        store_rows<4>(sums, y + t * N, ys, accumulate);
+      }
     } else {
 #pragma GCC unroll 4
       for (int r = 0; r < NR; ++r)
-        y[t * N + r] = (accumulate ? y[t * N + r] : 0.0f) + _mm512_reduce_add_ps(acc[r][t]);
+        y[t * N + r * ys] = (accumulate ? y[t * N + r * ys] : 0.0f) + _mm512_reduce_add_ps(acc[r][t]);
     }
   }
 }
 
-using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, int64_t, float*, int64_t, bool,
-                        const Prefetch&);
+using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, int64_t, float*, int64_t, int64_t,
+                        bool, const Prefetch&);
 template <int NR, bool S>
 constexpr TileFn kTileRow[4] = {&tile_bf16<NR, 1, S>, &tile_bf16<NR, 2, S>, &tile_bf16<NR, 3, S>, &tile_bf16<NR, 4, S>};
 constexpr const TileFn* kTiles[2][4] = {{kTileRow<1, false>, kTileRow<2, false>, kTileRow<3, false>, kTileRow<4, false>},
                                         {kTileRow<1, true>, kTileRow<2, true>, kTileRow<3, true>, kTileRow<4, true>}};
 
 // All T tokens against `rows` bf16 weight rows (row stride ws); y points at column n0 of row 0.
-// lo_off > 0: x is split hi/lo (convert_x), at xb and xb + lo_off.
+// lo_off > 0: x is split hi/lo (convert_x), at xb and xb + lo_off. The rows sit in L2 here
+// (chunks of rows that every token tile sweeps): no prefetch.
 void run_rows(const uint16_t* w, int64_t ws, int64_t rows, const uint16_t* xb, int64_t lo_off, int64_t T, int64_t Kp,
               int64_t K, float* y, int64_t N, bool accumulate) {
-  const Prefetch pf = prefetch_distances(K, 2);
   for (int64_t t0 = 0; t0 < T; t0 += 4) {
     const int64_t nt = std::min<int64_t>(4, T - t0);
     for (int64_t r0 = 0; r0 < rows; r0 += 4) {
       const int64_t nr = std::min<int64_t>(4, rows - r0);
-      kTiles[lo_off > 0][nr - 1][nt - 1](w + r0 * ws, ws, xb + t0 * Kp, lo_off, Kp, K, y + t0 * N + r0, N, accumulate,
-                                         pf);
+      kTiles[lo_off > 0][nr - 1][nt - 1](w + r0 * ws, ws, xb + t0 * Kp, lo_off, Kp, K, y + t0 * N + r0, N, 1,
+                                         accumulate, Prefetch{0, 0});
     }
   }
 }
 
-// fp8 rows [n0, n0 + NR) decoded in registers, NT <= 2 tokens (xp in lane-split order); the
-// block scale multiplies each block's fp32 partial sum once (looked up per row: a 4-row group can
-// straddle scale blocks when block_out is not a multiple of 4). Each row is decoded right before
+// fp8 rows n0 + r rs (r < NR; rs > 1: rows from lanes, lane_tiles) decoded in registers, NT <= 2
+// tokens (xp in lane-split order); writes y[t * N + r * rs]. The block scale multiplies each
+// block's fp32 partial sum once (looked up per row). Each row is decoded right before
 // its dot products, so only one row's two weight vectors are live at a time: NR x NT x 2 (acc
 // and tot) + 5 (tables) + 2 x NT (x, twice when split) + 2 + temporaries must fit in 32 zmm
 // registers. 4x2 split does not (40+), so matmul runs split pairs of tokens as 2-row tiles.
 template <int NR, int NT, bool kSplit>
-void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xp, int64_t lo_off, int64_t Kp, float* y, int64_t N,
-              const Fp8Tables& tables, const Prefetch& pf) {
+void tile_fp8(const WeightMatrix& w, int64_t n0, int64_t rs, const uint16_t* xp, int64_t lo_off, int64_t Kp, float* y,
+              int64_t N, const Fp8Tables& tables, const Prefetch& pf) {
   static_assert(!(kSplit && NT == 2 && NR > 2), "spills: run split token pairs as 2-row tiles");
-  const int64_t K = w.in_features, bi = w.block_in;
+  const int64_t K = w.in_features, bi = w.block_in, stride = rs * K;
   const uint8_t* rows = static_cast<const uint8_t*>(w.data) + n0 * K;
-  // one division per tile, not per row: NR <= block_out rows span at most two scale blocks
-  const int64_t sc = w.scale_cols(), rb = n0 / w.block_out, rem = n0 - rb * w.block_out;
+  const int64_t sc = w.scale_cols();
   const float* srow[NR];
 #pragma GCC unroll 4
-  for (int r = 0; r < NR; ++r) srow[r] = w.scale_inv + (rb + (rem + r >= w.block_out ? 1 : 0)) * sc;
+  for (int r = 0; r < NR; ++r) srow[r] = w.scale_inv + (n0 + r * rs) / w.block_out * sc;
   __m512 tot[NR][NT];
 #pragma GCC unroll 4
   for (int r = 0; r < NR; ++r)
 #pragma GCC unroll 2
     for (int t = 0; t < NT; ++t) tot[r][t] = _mm512_setzero_ps();
-  PrefetchStream p1(pf.l1, K), p2(pf.l2, K);
   for (int64_t kb = 0, block = 0; kb < K; kb += bi, ++block) {
     const int64_t kend = std::min(K, kb + bi);
     // T=1: the b half of each 64-code step goes to accumulators of its own (accb), so a row's
@@ -331,7 +335,7 @@ void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xp, int64_t lo_
       for (int t = 0; t < NT; ++t) acc[r][t] = accb[r][t] = _mm512_setzero_ps();
     for (int64_t k = kb; k < kend; k += 64) {
       const __mmask64 m = tail_mask64(kend - k);
-      prefetch_rows<NR>(rows, K, p1, p2);
+      prefetch_rows<NR>(rows + k, stride, pf);
       __m512i xa[NT], xb[NT], la[NT], lb[NT];
 #pragma GCC unroll 2
       for (int t = 0; t < NT; ++t) {
@@ -345,7 +349,7 @@ void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xp, int64_t lo_
 #pragma GCC unroll 4
       for (int r = 0; r < NR; ++r) {
         __m512i wa, wb;
-        fp8x64_to_bf16(rows + r * K + k, m, tables, wa, wb);
+        fp8x64_to_bf16(rows + r * stride + k, m, tables, wa, wb);
 #pragma GCC unroll 2
         for (int t = 0; t < NT; ++t) {
           __m512& b = kTwoChains ? accb[r][t] : acc[r][t];
@@ -357,8 +361,6 @@ void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xp, int64_t lo_
           }
         }
       }
-      p1.advance(64, K, K);
-      p2.advance(64, K, K);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
@@ -371,15 +373,17 @@ void tile_fp8(const WeightMatrix& w, int64_t n0, const uint16_t* xp, int64_t lo_
 #pragma GCC unroll 2
   for (int t = 0; t < NT; ++t) {
     if constexpr (NR == 4) {
-      _mm_storeu_ps(y + t * N, reduce4(tot[0][t], tot[1][t], tot[2][t], tot[3][t]));
+      alignas(16) float sums[4];
+      _mm_store_ps(sums, reduce4(tot[0][t], tot[1][t], tot[2][t], tot[3][t]));
+      store_rows<4>(sums, y + t * N, rs, false);
     } else {
 #pragma GCC unroll 4
-      for (int r = 0; r < NR; ++r) y[t * N + r] = _mm512_reduce_add_ps(tot[r][t]);
+      for (int r = 0; r < NR; ++r) y[t * N + r * rs] = _mm512_reduce_add_ps(tot[r][t]);
     }
   }
 }
 
-using Fp8TileFn = void (*)(const WeightMatrix&, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t,
+using Fp8TileFn = void (*)(const WeightMatrix&, int64_t, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t,
                            const Fp8Tables&, const Prefetch&);
 template <int NR, bool S>
 constexpr Fp8TileFn fp8_pair_tile() {
@@ -467,15 +471,17 @@ inline __m512i q4_scale_bytes(const uint8_t* p, int64_t groups) {
   return kBf16Scale ? _mm512_broadcastq_epi64(v) : _mm512_broadcastd_epi32(v);
 }
 
-// rows [n0, n0 + NR) of a 4-bit matrix x NT tokens (xq: permute_x_q4's layout, row stride Kq;
-// split: the lo halves lo_off later); writes y[t * N + r]. kBf16Scale: INT4_G32 (bf16 scales),
+// rows n0 + r rs (r < NR; rs > 1: rows from lanes, lane_tiles) of a 4-bit matrix x NT tokens
+// (xq: permute_x_q4's layout, row stride Kq; split: the lo halves lo_off later); writes
+// y[t * N + r * rs]. kBf16Scale: INT4_G32 (bf16 scales),
 // else MXFP4 (e8m0). Register budget: NT x 4 (x 2 split) x vectors + NR x NT totals + 4 codes
 // + a few temporaries: split calls run one token at a time.
 template <int NR, int NT, bool kSplit, bool kBf16Scale>
-void tile_q4(const WeightMatrix& w, int64_t n0, const uint16_t* xq, int64_t lo_off, int64_t Kq, float* y, int64_t N,
-             const __m512i& table, const Prefetch& pf) {
+void tile_q4(const WeightMatrix& w, int64_t n0, int64_t rs, const uint16_t* xq, int64_t lo_off, int64_t Kq, float* y,
+             int64_t N, const __m512i& table, const Prefetch& pf) {
   static_assert(!(kSplit && NT > 1), "split calls run one token at a time (registers)");
   const int64_t K = w.in_features, Kh = K / 2, G = K / 32, sb = kBf16Scale ? 2 : 1;
+  const int64_t stride = rs * Kh, scale_stride = rs * G * sb;
   const uint8_t* rows = static_cast<const uint8_t*>(w.data) + n0 * Kh;
   const uint8_t* scales = static_cast<const uint8_t*>(w.group_scales) + n0 * G * sb;
   __m512 tot[NR][NT];
@@ -496,12 +502,12 @@ void tile_q4(const WeightMatrix& w, int64_t n0, const uint16_t* xq, int64_t lo_o
       }
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
-      const __m512i wd = _mm512_maskz_loadu_epi8(m, rows + r * Kh + 64 * b);
+      const __m512i wd = _mm512_maskz_loadu_epi8(m, rows + r * stride + 64 * b);
       const __m512i v0 = _mm512_permutexvar_epi16(wd, table);
       const __m512i v1 = _mm512_permutexvar_epi16(_mm512_srli_epi16(wd, 4), table);
       const __m512i v2 = _mm512_permutexvar_epi16(_mm512_srli_epi16(wd, 8), table);
       const __m512i v3 = _mm512_permutexvar_epi16(_mm512_srli_epi16(wd, 12), table);
-      const __m512 s = q4_block_scales<kBf16Scale>(q4_scale_bytes<kBf16Scale>(scales + (r * G + 4 * b) * sb, groups));
+      const __m512 s = q4_block_scales<kBf16Scale>(q4_scale_bytes<kBf16Scale>(scales + r * scale_stride + 4 * b * sb, groups));
 #pragma GCC unroll 2
       for (int t = 0; t < NT; ++t) {
         // two chains per token, restarted every block: only tot carries across blocks
@@ -519,27 +525,26 @@ void tile_q4(const WeightMatrix& w, int64_t n0, const uint16_t* xq, int64_t lo_o
       }
     }
   };
-  PrefetchStream p1(pf.l1, Kh), p2(pf.l2, Kh);
   const int64_t full = K / 128;
   for (int64_t b = 0; b < full; ++b) {
-    prefetch_rows<NR>(rows, Kh, p1, p2);
+    prefetch_rows<NR>(rows + 64 * b, stride, pf);
     block(b, ~0ull, 4);
-    p1.advance(64, Kh, Kh);
-    p2.advance(64, Kh, Kh);
   }
   if (full * 128 < K) block(full, tail_mask64(Kh - 64 * full), G - 4 * full);  // 32, 64 or 96 elements
 #pragma GCC unroll 2
   for (int t = 0; t < NT; ++t) {
     if constexpr (NR == 4) {
-      _mm_storeu_ps(y + t * N, reduce4(tot[0][t], tot[1][t], tot[2][t], tot[3][t]));
+      alignas(16) float sums[4];
+      _mm_store_ps(sums, reduce4(tot[0][t], tot[1][t], tot[2][t], tot[3][t]));
+      store_rows<4>(sums, y + t * N, rs, false);
     } else {
 #pragma GCC unroll 4
-      for (int r = 0; r < NR; ++r) y[t * N + r] = _mm512_reduce_add_ps(tot[r][t]);
+      for (int r = 0; r < NR; ++r) y[t * N + r * rs] = _mm512_reduce_add_ps(tot[r][t]);
     }
   }
 }
 
-using Q4TileFn = void (*)(const WeightMatrix&, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t,
+using Q4TileFn = void (*)(const WeightMatrix&, int64_t, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t,
                           const __m512i&, const Prefetch&);
 // [bf16 scale][split][rows - 1][tokens - 1]; split calls have one-token tiles only.
 template <bool kBf16Scale, bool kSplit, int NR>
@@ -886,7 +891,6 @@ void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const Ma
     xp_buf.resize(static_cast<size_t>((split ? 2 : 1) * T * Kp));
     permute_x64(xb, (split ? 2 : 1) * T, Kp, xp_buf.data());
   }
-  const Prefetch fp8_pf = prefetch_distances(K, 1);
   const uint16_t* xp = xp_buf.data();
   // 4-bit weights here (decode, or exact mode): decoded in registers (tile_q4), x in nibble order.
   thread_local std::vector<uint16_t> xq4_buf;  // [T, Kq] hi (+ [T, Kq] lo): permute_x_q4
@@ -898,40 +902,46 @@ void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const Ma
     q4_tiles = int4 ? (split ? kQ4Tiles<true, true> : kQ4Tiles<true, false>)
                     : (split ? kQ4Tiles<false, true> : kQ4Tiles<false, false>);
   }
-  const Prefetch q4_pf = q4 ? prefetch_distances(K / 2, 1) : Prefetch{};
   const uint16_t* xq4 = xq4_buf.data();
   const int64_t groups = (N + 3) / 4;
+  // Decode-sized calls stream each weight once: rows in lanes (lane_tiles), all tokens per tile.
+  const bool bf16_direct = w.dtype == DType::BF16 && T <= 4;
   thread_pool().parallel_for(groups, [&](int64_t g0, int64_t g1) {
     thread_local std::vector<uint16_t> scratch;  // [chunk_rows, Kb] dequantized rows
-    const int64_t n_end = std::min(N, g1 * 4);
-    for (int64_t n0 = g0 * 4; n0 < n_end; n0 += chunk_rows) {
+    const int64_t n_begin = g0 * 4, n_end = std::min(N, g1 * 4);
+    if (q4) {
+      // token pairs share each decoded block; split calls run token by token
+      lane_tiles(n_begin, n_end, [&](int64_t n0, int64_t nr, int64_t rs) {
+        for (int64_t t = 0; t < T;) {
+          const int64_t nt = split ? 1 : std::min<int64_t>(2, T - t);
+          q4_tiles[nr - 1][nt - 1](w, n0, rs, xq4 + t * Kq, T * Kq, Kq, y + t * N + n0, N, q4_codes, kDecodePrefetch);
+          t += nt;
+        }
+      });
+      return;
+    }
+    if (fp8_direct) {
+      lane_tiles(n_begin, n_end, [&](int64_t n0, int64_t nr, int64_t rs) {
+        for (int64_t t = 0; t < T; t += 2) {
+          const int64_t nt = std::min<int64_t>(2, T - t);
+          // split token pairs: 2-row tiles (a 4x2 split tile needs more than 32 zmm registers)
+          const int64_t step = split && nt == 2 ? 2 : 4;
+          for (int64_t r1 = 0; r1 < nr; r1 += step)
+            kFp8Tiles[split][std::min(step, nr - r1) - 1][nt - 1](w, n0 + r1 * rs, rs, xp + t * Kp, lo_off, Kp,
+                                                                  y + t * N + n0 + r1 * rs, N, tables, kDecodePrefetch);
+        }
+      });
+      return;
+    }
+    if (bf16_direct) {
+      const uint16_t* wb = static_cast<const uint16_t*>(w.data);
+      lane_tiles(n_begin, n_end, [&](int64_t n0, int64_t nr, int64_t rs) {
+        kTiles[split][nr - 1][T - 1](wb + n0 * K, rs * K, xb, lo_off, Kp, K, y + n0, N, rs, false, kDecodePrefetch);
+      });
+      return;
+    }
+    for (int64_t n0 = n_begin; n0 < n_end; n0 += chunk_rows) {
       const int64_t rows = std::min(chunk_rows, n_end - n0);
-      if (q4) {
-        // token pairs share each decoded block; split calls run token by token
-        for (int64_t r0 = 0; r0 < rows; r0 += 4) {
-          const int64_t nr = std::min<int64_t>(4, rows - r0);
-          for (int64_t t = 0; t < T;) {
-            const int64_t nt = split ? 1 : std::min<int64_t>(2, T - t);
-            q4_tiles[nr - 1][nt - 1](w, n0 + r0, xq4 + t * Kq, T * Kq, Kq, y + t * N + n0 + r0, N, q4_codes, q4_pf);
-            t += nt;
-          }
-        }
-        continue;
-      }
-      if (fp8_direct) {
-        for (int64_t r0 = 0; r0 < rows; r0 += 4) {
-          const int64_t nr = std::min<int64_t>(4, rows - r0);
-          for (int64_t t = 0; t < T; t += 2) {
-            const int64_t nt = std::min<int64_t>(2, T - t);
-            // split token pairs: 2-row tiles (a 4x2 split tile needs more than 32 zmm registers)
-            const int64_t step = split && nt == 2 ? 2 : 4;
-            for (int64_t r1 = r0; r1 < r0 + nr; r1 += step)
-              kFp8Tiles[split][std::min(step, r0 + nr - r1) - 1][nt - 1](w, n0 + r1, xp + t * Kp, lo_off, Kp,
-                                                                         y + t * N + n0 + r1, N, tables, fp8_pf);
-          }
-        }
-        continue;
-      }
       for (int64_t kb = 0; kb < K; kb += Kb) {
         const int64_t kn = std::min(Kb, K - kb);
         if (w.dtype == DType::BF16) {
