@@ -34,6 +34,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <span>
 #include <vector>
 
 #include <fmt/format.h>
@@ -350,6 +351,10 @@ int main(int argc, char** argv) {
     int64_t N, K;
   };
   const Shape shapes[] = {{2048, 10944}, {1408, 2048}};  // [out, in]: V2-Lite dense down; expert gate/up
+  // --decode-only adds the rest of the bench checkpoint's decode GEMVs (V2-Lite shapes): expert down,
+  // q_proj, kv_a_proj, o_proj, shared experts' gate/up and the lm_head
+  const Shape decode_shapes[] = {{2048, 10944}, {1408, 2048}, {2048, 1408}, {3072, 2048}, {576, 2048},
+                                 {2048, 2048},  {2816, 2048}, {102400, 2048}};
   std::vector<Row> rows;
   std::mt19937 rng(3);
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -380,7 +385,8 @@ int main(int argc, char** argv) {
       const KernelEntry* k = best_kernel(OpId::matmul, OpShape{.weight_dtype = dtype});
       const auto* ref = Registry::global().kernels(OpId::matmul, Backend::reference).front();
       auto fn = reinterpret_cast<MatmulFn>(k->fn);
-      for (const Shape& s : shapes) {
+      for (const Shape& s : decode_only ? std::span<const Shape>(decode_shapes) : std::span<const Shape>(shapes)) {
+        if (decode_only && dtype == DType::F8_E4M3 && s.N > 4096) continue;  // the lm_head stays bf16
         Weights w = make_weights(dtype, s.N, s.K, kLlcSpan);
         // bf16 weights: T = 512 twice, accurate (x split into bf16 hi + lo, the default) and fast
         // prefill (x rounded to bf16 once: MatmulPrecision::split_max_tokens). fp8 weights: x
