@@ -43,6 +43,10 @@ BF16_MODEL=${BF16_MODEL-checkpoints/bench}
 FP8_MODEL=${FP8_MODEL-checkpoints/bench-fp8}
 GGUF_DIR=${GGUF_DIR:-checkpoints/gguf}
 LLAMA_BENCH_ARGS=${LLAMA_BENCH_ARGS:-}
+# llama.cpp runs under each of these (llama-bench -lm) and is credited with its best: on a VM whose
+# page cache holds the GGUF in 4 KiB pages, its mmap pays a TLB miss per page (decode at less than
+# half the speed it reaches with the weights read into memory, `none`).
+LLAMA_LOAD_MODES=${LLAMA_LOAD_MODES:-mmap,none}
 MOAT_ARGS=${MOAT_ARGS:-}
 PYTHON=${PYTHON:-/usr/bin/python3}
 if [[ -d "$LLAMA_CPP_DIR/gguf-py" ]]; then
@@ -76,7 +80,8 @@ results="$log_dir/results"
 run_pair() {  # run_pair KIND CHECKPOINT GGUF
   local kind=$1 model=$2 gguf=$3 t out
   # as bench/run.sh: drop the checkpoint's cached pages once, so the loader maps it in 2 MiB folios
-  for f in "$model"/*.safetensors; do dd if="$f" iflag=nocache count=0 status=none || true; done
+  # (and the GGUF's, so llama.cpp's mmap starts from the same state)
+  for f in "$model"/*.safetensors "$gguf"; do dd if="$f" iflag=nocache count=0 status=none || true; done
   for t in ${THREADS//,/ }; do
     echo "peer: $kind, $t thread(s): moat model_bench" >&2
     # shellcheck disable=SC2086
@@ -95,19 +100,24 @@ print(kind, "moat", t, pre.group(2), "-", dec.group(1), "-")
 PY
     echo "peer: $kind, $t thread(s): llama-bench" >&2
     # shellcheck disable=SC2086
-    "$LLAMA_BENCH" -m "$gguf" -p "$PEER_PROMPT" -n "$PEER_GEN" -r "$PEER_REPS" -t "$t" -o json $LLAMA_BENCH_ARGS \
+    "$LLAMA_BENCH" -m "$gguf" -p "$PEER_PROMPT" -n "$PEER_GEN" -r "$PEER_REPS" -t "$t" -lm "$LLAMA_LOAD_MODES" -o json $LLAMA_BENCH_ARGS \
       >"$log_dir/llama.json" 2>"$log_dir/llama.err" ||
       { tail -20 "$log_dir/llama.err" >&2; echo "peer: llama-bench failed" >&2; return 1; }
     "$PYTHON" - "$kind" "$t" "$PEER_PROMPT" "$PEER_GEN" "$log_dir/llama.json" "$log_dir/build" >>"$results" <<'PY'
-import json, sys
+import json, statistics, sys
 kind, t, p, n, path, build = sys.argv[1:7]
 rows = json.load(open(path))
+def best(test):  # the load mode with the highest median of its repetitions
+    return max(test, key=lambda r: statistics.median(r["samples_ts"]))
 pp = [r for r in rows if r["n_prompt"] == int(p) and r["n_gen"] == 0]
 tg = [r for r in rows if r["n_gen"] == int(n) and r["n_prompt"] == 0]
 if not pp or not tg:
     sys.exit(f"peer: no pp{p} / tg{n} rows in llama-bench's JSON")
-pp, tg = pp[0], tg[0]
-print(kind, "llama", t, pp["avg_ts"], pp["stddev_ts"], tg["avg_ts"], tg["stddev_ts"])
+pp, tg = best(pp), best(tg)
+def cell(r):  # median, spread (min-max) and the load mode it ran under
+    s = r["samples_ts"]
+    return f"{statistics.median(s)} {min(s):.1f}-{max(s):.1f},{r.get('load_mode', '?')}"
+print(kind, "llama", t, *cell(pp).split(" "), *cell(tg).split(" "))
 r = rows[0]
 with open(build, "w") as f:
     json.dump({k: r.get(k) for k in ("build_commit", "build_number", "cpu_info", "backends", "n_batch", "n_ubatch",
@@ -146,9 +156,9 @@ ggml_version=$(cmake_version "$LLAMA_CPP_DIR/ggml/CMakeLists.txt" GGML_VERSION)
 commit=$(git -C "$LLAMA_CPP_DIR" describe --tags --always --dirty 2>/dev/null || true)
 
 "$PYTHON" - "$results" "$log_dir/build" "$THREADS" "$PEER_PROMPT" "$PEER_GEN" "$PEER_REPS" "$BF16_MODEL" "$FP8_MODEL" \
-  "${version:-?}" "${ggml_version:-?}" "$commit" "$LLAMA_BENCH_ARGS" "$MOAT_ARGS" <<'PY'
+  "${version:-?}" "${ggml_version:-?}" "$commit" "$LLAMA_BENCH_ARGS" "$MOAT_ARGS" "$LLAMA_LOAD_MODES" <<'PY'
 import json, sys
-results, build, threads, p, n, reps, bf16_model, fp8_model, version, ggml_version, commit, lb_args, moat_args = sys.argv[1:14]
+results, build, threads, p, n, reps, bf16_model, fp8_model, version, ggml_version, commit, lb_args, moat_args, load_modes = sys.argv[1:15]
 r = {}
 for line in open(results):
     kind, engine, t, pre, pre_sd, dec, dec_sd = line.split()
@@ -156,8 +166,11 @@ for line in open(results):
 b = json.load(open(build))
 threads = [int(t) for t in threads.split(",")]
 label = {"bf16": "bf16", "fp8": "FP8 (moat) vs Q8_0 (llama.cpp)"}
-def cell(v, sd):
-    return f"{v:.1f}" if sd == "-" else f"{v:.1f} ± {float(sd):.1f}"
+def cell(v, sd):  # sd: "-" (moat: one measurement) or "min-max,load mode" (llama.cpp: median of the reps)
+    if sd == "-":
+        return f"{v:.1f}"
+    spread, mode = sd.split(",")
+    return f"{v:.1f} ({spread}, {mode})"
 print("| measure | moat tok/s | llama.cpp tok/s | moat / llama.cpp |")
 print("|---|---|---|---|")
 for kind in ("bf16", "fp8"):
@@ -172,9 +185,9 @@ print()
 commit = commit or (b.get("build_commit") or "?")
 fa = {-1: "auto", 0: "off", 1: "on"}.get(b.get("flash_attn"), b.get("flash_attn"))
 print(f"llama.cpp {version} (ggml {ggml_version}, commit {commit}; backend {b.get('backends')}, cpu_info "
-      f"{b.get('cpu_info')!r}): `llama-bench -p {p} -n {n} -r {reps} -t T{(' ' + lb_args) if lb_args else ''}` "
-      f"(mean ± sd of {reps}; n_batch {b.get('n_batch')}, n_ubatch {b.get('n_ubatch')}, flash attention {fa}, "
-      f"KV cache {b.get('type_k')}, load mode {b.get('load_mode')}). moat: `model_bench --prompt-tokens {p} --decode-tokens {n}"
+      f"{b.get('cpu_info')!r}): `llama-bench -p {p} -n {n} -r {reps} -t T -lm {load_modes}{(' ' + lb_args) if lb_args else ''}` "
+      f"(median of {reps} repetitions (min-max, the load mode that did best); n_batch {b.get('n_batch')}, n_ubatch {b.get('n_ubatch')}, flash attention {fa}, "
+      f"KV cache {b.get('type_k')}). moat: `model_bench --prompt-tokens {p} --decode-tokens {n}"
       f"{(' ' + moat_args) if moat_args else ''}` (one measurement; decode after the {p}-token prompt, llama-bench's "
       f"tg{n} from an empty cache).")
 PY

@@ -220,6 +220,9 @@ peer_section() {
     echo "converter writes them). FP8 vs Q8_0: the FP8 bench checkpoint (e4m3, 128x128 block scales) for moat; for"
     echo "llama.cpp its FP8 matrices dequantized and quantized to Q8_0 (8.5 bits a weight), the embedding and lm_head"
     echo "bf16 in both. Random token ids in both. Prefill: one prompt from an empty cache; decode: one stream, greedy."
+    echo "llama.cpp runs with its weights mmapped and read into memory (llama-bench -lm mmap,none) and each row shows"
+    echo "the better one: the median of its repetitions, their range and the load mode. Both engines' files are dropped"
+    echo "from the page cache first (with the GGUF in 4 KiB pages, llama.cpp's mmap decode ran at half speed here)."
     echo
     echo "$peer_rows"
   fi
