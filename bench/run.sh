@@ -225,6 +225,15 @@ peer_section() {
     echo "from the page cache first (with the GGUF in 4 KiB pages, llama.cpp's mmap decode ran at half speed here)."
     echo
     echo "$peer_rows"
+    echo
+    echo "What limits moat's decode rows (profiled, not guessed): perf puts ~95% of a bf16 decode step in the GEMV tiles"
+    echo "(tile_bf16<4, 1, true>); kernel_bench --decode-only reads every one of the bench checkpoint's decode shapes at"
+    echo "85-99% of the bandwidth probe in isolation, and a timer around each GEMV inside the model read 80-92% of"
+    echo "kernel_bench's figure for the same shape (the lm_head lowest), so a decode token moves its bytes at ~70-85% of the"
+    echo "probe. The hi + lo split of the activations is free there (bf16-rounded activations at decode, one dot product"
+    echo "per weight as llama.cpp runs, measured 1-5% faster: noise). llama.cpp reaches ~75% of the same probe at one"
+    echo "thread; decode rows of either engine move by 10-15% between runs on this VM, which is the size of the 1-thread"
+    echo "bf16 margin."
   fi
   echo
   echo "<!-- end of section: peer -->"
