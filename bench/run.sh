@@ -183,13 +183,20 @@ open(out, "w").write(text)
 PY
 }
 
+# ONLY=NAME: writes section NAME (made by the function $2) in place of its old text (or before the heading $3)
+# and ends the run with the message $4.
+replace_only_section() {
+  "$2" > "$OUT.$1"
+  replace_section "$1" "$OUT.$1" "$3"
+  rm -f "$OUT.$1"
+  echo "$4"
+  exit 0
+}
+
 if [[ "$ONLY" == kimi ]]; then
   [[ -n "$kimi_decode_rows" ]] || { echo "ONLY=kimi: no Kimi checkpoint at '$KIMI'" >&2; exit 1; }
-  kimi_section > "$OUT.kimi"
-  replace_section kimi "$OUT.kimi" "## moat serve over HTTP"
-  rm -f "$OUT.kimi"
-  echo "replaced the Kimi section of $OUT (load average $load_before before the kernel probes, $load_after after)"
-  exit 0
+  replace_only_section kimi kimi_section "## moat serve over HTTP" \
+    "replaced the Kimi section of $OUT (load average $load_before before the kernel probes, $load_after after)"
 fi
 
 # Side by side with llama.cpp on the same weights (bench/llama_cpp_peer.sh): llama-bench and model_bench
@@ -240,11 +247,8 @@ peer_section() {
 }
 if [[ "$ONLY" == peer ]]; then
   [[ -n "$peer_rows" ]] || { echo "ONLY=peer: $peer_note" >&2; exit 1; }
-  peer_section > "$OUT.peer"
-  replace_section peer "$OUT.peer" "## Serving throughput (engine core, no HTTP)"
-  rm -f "$OUT.peer"
-  echo "replaced the llama.cpp peer section of $OUT"
-  exit 0
+  replace_only_section peer peer_section "## Serving throughput (engine core, no HTTP)" \
+    "replaced the llama.cpp peer section of $OUT"
 fi
 
 # Tensor parallelism (bench/tp_bench.sh): TP 2 under mpirun against TP 1 on the same two cores,
@@ -263,11 +267,7 @@ tp_section() {
 }
 if [[ "$ONLY" == tp ]]; then
   cmake --build "$BUILD_DIR" --target moat -j2 >/dev/null
-  tp_section > "$OUT.tp"
-  replace_section tp "$OUT.tp" ""
-  rm -f "$OUT.tp"
-  echo "replaced the tensor-parallel section of $OUT"
-  exit 0
+  replace_only_section tp tp_section "" "replaced the tensor-parallel section of $OUT"
 fi
 
 # Serving throughput through the engine core (bench/engine_bench.cpp): closed loop at each
