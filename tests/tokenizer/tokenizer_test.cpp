@@ -434,6 +434,11 @@ TEST(BadInputTest, MalformedTiktokenFile) {
   expect_error(dir.path, {"tiktoken.model:1"});
   dir.write("tiktoken.model", "");
   expect_error(dir.path, {"tiktoken.model", "no tokens"});
+  // ranks with gaps (found by fuzz_tiktoken: rank 13,301,111 alone sized the id tables to it)
+  dir.write("tiktoken.model", "AA 013301111");
+  expect_error(dir.path, {"tiktoken.model", "ranks run to 13301111", "without gaps"});
+  dir.write("tiktoken.model", "YQ== 0\nYg== 2\n");
+  expect_error(dir.path, {"tiktoken.model", "ranks run to 2", "2 tokens"});
 }
 
 // ---------------------------------------------------------------------------------------------
