@@ -10,13 +10,13 @@
 //   vector takes two dot products: as accurate as fp32 FMAs, and free when bandwidth-bound.
 //   Longer calls (prefill, compute-bound) round x to bf16 once: twice the dot-product rate,
 //   normalized error ~4e-3. n = max keeps every call exact (the golden tests, at 1e-3).
-// - W streams from memory exactly once per call. Decode-sized calls (T <= 4 tokens; fp8 and 4-bit
-//   weights also in exact mode): each task splits its rows into 4 lanes and reads one row of each
-//   lane side by side (lane_tiles: 4 long sequential streams). Exact-mode prefill: each task owns a
+// - W streams from memory exactly once per call. Decode-sized calls (T <= 8 tokens for bf16, 64 for
+//   fp8, 16 for 4-bit; fp8 and 4-bit weights also in exact mode): each task splits its rows into 4
+//   lanes and reads one row of each lane side by side (lane_tiles: 4 long sequential streams). Exact-mode prefill: each task owns a
 //   range of 4-row groups, walks it in chunks of rows that stay in L2 (~128 KiB), and runs every
 //   token against a chunk before the next; the microkernel (tile_bf16) keeps 4 rows x up to 4
-//   tokens of dot-product accumulators in registers. Calls that round x to bf16 (batched decode
-//   and prefill, T > 4) repack 64 weight rows x 256 columns at a time into column pairs
+//   tokens of dot-product accumulators in registers. Longer calls that round x to bf16 (batched
+//   decode and prefill) repack 64 weight rows x 256 columns at a time into column pairs
 //   (pack_panel, 32 KiB in L1) and run outer products over them (tile_packed: 64 rows x 6 tokens,
 //   no horizontal sums). Measured against the 4x4 dot-product tiles it replaced there (Zen 5, one
 //   run each, best of 2, machine shared with builds: load ~5 on 2 cores, so 1-thread rows are
@@ -63,6 +63,17 @@ constexpr int64_t kMinSplitTokens = 4;       // single-stream decode calls alway
 // 3072 x 3584 MXFP4, a loaded machine) the tiles ran 190-210 GFLOPS from T = 5 to 16 against
 // 77-180 for the panels, which win from T ~ 24 (250-300 GFLOPS at T = 32-64).
 constexpr int64_t kQ4DirectMaxTokens = 16;
+// fp8 and bf16 calls of up to this many tokens also run on the decode tiles (rows in lanes, each
+// weight streamed from memory once; token pairs / quads re-read a tile's rows from L1/L2), longer
+// ones on packed panels. Zen 5, 1 thread, kernel_bench --batched-only, same process: fp8 on the
+// tiles 137-154 GFLOPS at T = 8 against 35 on the panels (which dequantize every weight to bf16
+// and repack it: at T = 8 that costs more than the dot products), 142-158 vs 64 at T = 16,
+// 161-168 vs 104 at T = 32, equal at T = 64 (~165). bf16 at T = 8: 1.0-1.3x the panels, at T = 16
+// 0.85-1.1x (noise): the tiles stop at 8. Batched decode with few streams per expert and
+// speculative verification (k + 1 tokens) are made of these calls.
+constexpr int64_t kFp8DirectMaxTokens = 64;
+constexpr int64_t kBf16DirectMaxTokens = 8;
+
 
 inline __mmask32 tail_mask(int64_t n) { return n >= 32 ? ~0u : static_cast<__mmask32>((1u << n) - 1u); }
 
@@ -832,7 +843,10 @@ void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const Ma
   const int64_t Kq = (K + 127) / 128 * 128;  // 4-bit weights: whole 128-column blocks
   static const __m512i mxfp4_table = q4_table(DType::MXFP4), int4_table = q4_table(DType::INT4_G32);
   const __m512i& q4_codes = w.dtype == DType::INT4_G32 ? int4_table : mxfp4_table;
-  if (!split && T > (q4 ? kQ4DirectMaxTokens : kMinSplitTokens)) {
+  const int64_t direct_max_tokens = q4    ? kQ4DirectMaxTokens
+                                    : fp8 ? kFp8DirectMaxTokens
+                                          : (w.dtype == DType::BF16 ? kBf16DirectMaxTokens : kMinSplitTokens);
+  if (!split && T > direct_max_tokens) {
     // batched decode and prefill: packed panels, outer products (tile_packed). 4-bit weights are
     // dequantized in their own column order, and x is laid out to match.
     const int64_t Kx = q4 ? Kq : Kp;
@@ -884,7 +898,7 @@ void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const Ma
   // fp8 decode (T <= 4), and every fp8 call in exact mode: weights decoded in registers, block
   // scale on fp32 partial sums. Otherwise (prefill): chunks dequantized once to bf16 with the
   // scale folded in (W * scale rounded) and reused by every token.
-  const bool fp8_direct = fp8 && (split || T <= 4);
+  const bool fp8_direct = fp8 && (split || T <= kFp8DirectMaxTokens);
   static const Fp8Tables tables = fp8_tables();  // built once: ~6 us, a few % of a decode call
   thread_local std::vector<uint16_t> xp_buf;  // [T, Kp] hi (+ [T, Kp] lo) in lane-split order, fp8 only
   if (fp8_direct) {
@@ -905,7 +919,7 @@ void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const Ma
   const uint16_t* xq4 = xq4_buf.data();
   const int64_t groups = (N + 3) / 4;
   // Decode-sized calls stream each weight once: rows in lanes (lane_tiles), all tokens per tile.
-  const bool bf16_direct = w.dtype == DType::BF16 && T <= 4;
+  const bool bf16_direct = w.dtype == DType::BF16 && T <= kBf16DirectMaxTokens;
   thread_pool().parallel_for(groups, [&](int64_t g0, int64_t g1) {
     thread_local std::vector<uint16_t> scratch;  // [chunk_rows, Kb] dequantized rows
     const int64_t n_begin = g0 * 4, n_end = std::min(N, g1 * 4);
@@ -936,7 +950,9 @@ void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const Ma
     if (bf16_direct) {
       const uint16_t* wb = static_cast<const uint16_t*>(w.data);
       lane_tiles(n_begin, n_end, [&](int64_t n0, int64_t nr, int64_t rs) {
-        kTiles[split][nr - 1][T - 1](wb + n0 * K, rs * K, xb, lo_off, Kp, K, y + n0, N, rs, false, kDecodePrefetch);
+        for (int64_t t = 0; t < T; t += 4)
+          kTiles[split][nr - 1][std::min<int64_t>(4, T - t) - 1](wb + n0 * K, rs * K, xb + t * Kp, lo_off, Kp, K,
+                                                                  y + t * N + n0, N, rs, false, kDecodePrefetch);
       });
       return;
     }
