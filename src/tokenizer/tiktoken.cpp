@@ -112,6 +112,9 @@ Result<std::shared_ptr<const TokenizerData>> load_tiktoken(const std::filesystem
     max_id = std::max(max_id, id);
   }
 
+  // tokenizer_config.json's specials extend the tables too: one at a far id would size them by it
+  MOAT_TRY(check_token_ids_dense(max_id, static_cast<int64_t>(ranks.size() + specials.size()),
+                                 (dir / "tokenizer_config.json").string()));
   auto data = std::make_shared<TokenizerData>();
   data->stray_bytes = TokenizerData::StrayBytes::kRaw;
   MOAT_ASSIGN_OR_RETURN(Regex pattern,

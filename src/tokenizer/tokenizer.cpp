@@ -170,6 +170,15 @@ void resolve_bos_eos(const TokenizerConfig& config, TokenizerData& data) {
                                           "</s>", "<|endoftext|>"});
 }
 
+Status check_token_ids_dense(int64_t max_id, int64_t defined, std::string_view what) {
+  if (max_id + 1 - defined > kMaxUnusedTokenIds) {
+    return make_error("{}: ids run to {} but only {} tokens are defined: more than {} ids would name no token "
+                      "(the id tables are sized by the largest id)",
+                      what, max_id, defined, kMaxUnusedTokenIds);
+  }
+  return ok_status();
+}
+
 // ---------------------------------------------------------------------------------------------
 // tokenizer.json
 
@@ -319,6 +328,8 @@ Result<std::shared_ptr<const TokenizerData>> load_tokenizer_json(const fs::path&
     data->stray_bytes = TokenizerData::StrayBytes::kByteLevel;
   }
 
+  // an upper bound on the distinct ids (an added token usually repeats a vocabulary entry)
+  MOAT_TRY(check_token_ids_dense(max_id, static_cast<int64_t>(vocab.size() + added.size()), what));
   const size_t size = static_cast<size_t>(max_id + 1);
   data->bytes_of_id.resize(size);
   data->token_of_id.resize(size);

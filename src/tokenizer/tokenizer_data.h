@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
@@ -20,6 +21,13 @@ namespace moat {
 // The largest token id a vocabulary file may use. The per-id tables are sized by the largest id,
 // so one id of 2^31 in a hostile file would allocate ~100 GB; real vocabularies stay below 2^20.
 inline constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
+// How many ids below the largest may name no token. The tables are sized by the largest id, not
+// by the tokens a file defines, so one sparse id (a special token at 16,000,000 after a vocabulary
+// of 4096) would allocate ~1 GB per load; real files leave at most a few hundred ids unused.
+inline constexpr int64_t kMaxUnusedTokenIds = int64_t{1} << 16;
+
+// Refuses a vocabulary whose ids run to max_id while at most `defined` of them name a token.
+Status check_token_ids_dense(int64_t max_id, int64_t defined, std::string_view what);
 
 struct TokenizerData {
   BpeModel model;

@@ -170,5 +170,33 @@ TEST_F(HostileTokenizer, TiktokenTokenGivenTwice) {
   EXPECT_HAS(load_error(), path("tiktoken.model") + ":259: token listed twice");
 }
 
+// The id tables are sized by the largest id: ids within range but far past the tokens a file
+// defines (one entry at 16,000,000 after 4096) would allocate ~1 GB on every load.
+TEST_F(HostileTokenizer, SparseVocabularyId) {
+  k3_["model"]["vocab"]["zzz_hostile"] = 16000000;
+  write("tokenizer.json", k3_.dump());
+  const std::string e = load_error();
+  EXPECT_HAS(e, path("tokenizer.json") + ": ids run to 16000000 but only ");
+  EXPECT_HAS(e, "more than 65536 ids would name no token");
+}
+
+TEST_F(HostileTokenizer, SparseAddedTokenId) {
+  k3_["added_tokens"].push_back({{"id", 9000000}, {"content", "<far>"}, {"special", true}});
+  write("tokenizer.json", k3_.dump());
+  EXPECT_HAS(load_error(), path("tokenizer.json") + ": ids run to 9000000 but only ");
+  // a few unused ids below an added token are fine (real files reserve some)
+  k3_["added_tokens"].back()["id"] = 4096 + 300;
+  write("tokenizer.json", k3_.dump());
+  EXPECT_EQ(load_error(), "(loaded)");
+}
+
+TEST_F(HostileTokenizer, TiktokenConfigSpecialFarPastTheRanks) {
+  write("tiktoken.model", rank_file());
+  write("tokenizer_config.json", R"({"added_tokens_decoder": {"12000000": {"content": "<x>", "special": true}}})");
+  EXPECT_HAS(load_error(), path("tokenizer_config.json") + ": ids run to 12000000 but only ");
+  write("tokenizer_config.json", R"({"added_tokens_decoder": {"600": {"content": "<x>", "special": true}}})");
+  EXPECT_EQ(load_error(), "(loaded)");
+}
+
 }  // namespace
 }  // namespace moat
