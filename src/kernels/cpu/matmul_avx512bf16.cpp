@@ -209,6 +209,32 @@ inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
+// The epilogue of every dot-product tile (bf16, fp8, 4-bit): y[t * N + r * ys] (+)= the horizontal
+// sum of acc[r][t]. ys > 1: rows from lanes (lane_tiles). always_inline, so acc stays in the
+// tile's registers.
+template <int NR, int NT>
+__attribute__((always_inline)) inline void store_tile(const __m512 (&acc)[NR][NT], float* y, int64_t N, int64_t ys,
+                                                      bool accumulate) {
+#pragma GCC unroll 4
+  for (int t = 0; t < NT; ++t) {
+    if constexpr (NR == 4) {
+      __m128 v = reduce4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
+      if (ys == 1) {
+        if (accumulate) v = _mm_add_ps(v, _mm_loadu_ps(y + t * N));
+        _mm_storeu_ps(y + t * N, v);
+      } else {
+        alignas(16) float sums[4];
+        _mm_store_ps(sums, v);
+        store_rows<4>(sums, y + t * N, ys, accumulate);
+      }
+    } else {
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r)
+        y[t * N + r * ys] = (accumulate ? y[t * N + r * ys] : 0.0f) + _mm512_reduce_add_ps(acc[r][t]);
+    }
+  }
+}
+
 // acc[r][t] over K for NR weight rows (bf16, row stride ws) x NT tokens (xb rows, stride Kp);
 // writes y[t * N + r * ys] (ys > 1: rows from lanes, lane_tiles).
 // kSplit: x is hi + lo (xb and xb + lo_off), two dot products per weight vector. Decode-sized
@@ -270,24 +296,7 @@ void tile_bf16(const uint16_t* w, int64_t ws, const uint16_t* xb, int64_t lo_off
 #pragma GCC unroll 2
       for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_add_ps(acc[r][t], lo[r][t]);
   }
-#pragma GCC unroll 4
-  for (int t = 0; t < NT; ++t) {
-    if constexpr (NR == 4) {
-      __m128 v = reduce4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
-      if (ys == 1) {
-        if (accumulate) v = _mm_add_ps(v, _mm_loadu_ps(y + t * N));
-        _mm_storeu_ps(y + t * N, v);
-      } else {
-        alignas(16) float sums[4];
-        _mm_store_ps(sums, v);
-        store_rows<4>(sums, y + t * N, ys, accumulate);
-      }
-    } else {
-#pragma GCC unroll 4
-      for (int r = 0; r < NR; ++r)
-        y[t * N + r * ys] = (accumulate ? y[t * N + r * ys] : 0.0f) + _mm512_reduce_add_ps(acc[r][t]);
-    }
-  }
+  store_tile<NR, NT>(acc, y, N, ys, accumulate);
 }
 
 using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, int64_t, float*, int64_t, int64_t,
@@ -381,17 +390,7 @@ void tile_fp8(const WeightMatrix& w, int64_t n0, int64_t rs, const uint16_t* xp,
         tot[r][t] = _mm512_fmadd_ps(kTwoChains ? _mm512_add_ps(acc[r][t], accb[r][t]) : acc[r][t], s, tot[r][t]);
     }
   }
-#pragma GCC unroll 2
-  for (int t = 0; t < NT; ++t) {
-    if constexpr (NR == 4) {
-      alignas(16) float sums[4];
-      _mm_store_ps(sums, reduce4(tot[0][t], tot[1][t], tot[2][t], tot[3][t]));
-      store_rows<4>(sums, y + t * N, rs, false);
-    } else {
-#pragma GCC unroll 4
-      for (int r = 0; r < NR; ++r) y[t * N + r * rs] = _mm512_reduce_add_ps(tot[r][t]);
-    }
-  }
+  store_tile<NR, NT>(tot, y, N, rs, false);
 }
 
 using Fp8TileFn = void (*)(const WeightMatrix&, int64_t, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t,
@@ -542,17 +541,7 @@ void tile_q4(const WeightMatrix& w, int64_t n0, int64_t rs, const uint16_t* xq, 
     block(b, ~0ull, 4);
   }
   if (full * 128 < K) block(full, tail_mask64(Kh - 64 * full), G - 4 * full);  // 32, 64 or 96 elements
-#pragma GCC unroll 2
-  for (int t = 0; t < NT; ++t) {
-    if constexpr (NR == 4) {
-      alignas(16) float sums[4];
-      _mm_store_ps(sums, reduce4(tot[0][t], tot[1][t], tot[2][t], tot[3][t]));
-      store_rows<4>(sums, y + t * N, rs, false);
-    } else {
-#pragma GCC unroll 4
-      for (int r = 0; r < NR; ++r) y[t * N + r * rs] = _mm512_reduce_add_ps(tot[r][t]);
-    }
-  }
+  store_tile<NR, NT>(tot, y, N, rs, false);
 }
 
 using Q4TileFn = void (*)(const WeightMatrix&, int64_t, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t,
