@@ -273,7 +273,7 @@ fi
 
 # Serving throughput through the engine core (bench/engine_bench.cpp): closed loop at each
 # concurrency, prompt 128 + output 64 tokens, next to the decode-step roofline of that batch.
-ENGINE_MODELS=${ENGINE_MODELS:-checkpoints/bench}
+ENGINE_MODELS=${ENGINE_MODELS:-checkpoints/bench checkpoints/bench-fp8}
 ENGINE_THREADS=${ENGINE_THREADS:-2}
 ENGINE_CONCURRENCY=${ENGINE_CONCURRENCY:-1,4,16,64}
 cmake --build "$BUILD_DIR" --target engine_bench -j2 >/dev/null

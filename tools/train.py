@@ -158,7 +158,7 @@ def train_one(name, model, data, a, steps, peak_lr, teacher=None):
         gen.set_state(st["gen"])
         step, best = st["step"], st["best"]
         log("%s: resumed at step %d (best val %.4f)" % (name, step, best))
-    for layer in model.model.layers:
+    for layer in getattr(model, "layers", None) or model.model.layers:  # K3 (train_k3.py): model.layers
         layer.dropout = a.dropout
     it = batches(tx, a.batch, a.ctx, gen)
     model.train()
