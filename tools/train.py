@@ -226,12 +226,18 @@ def build(cfg_d, tok, seed):
                       len(tok), seed)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokenizer", default=os.path.join(ROOT, "checkpoints/tokenizer"))
-    ap.add_argument("--work", default=os.path.join(ROOT, "checkpoints/train"))
-    ap.add_argument("--out-target", default=os.path.join(ROOT, "models/k3-nano"))
-    ap.add_argument("--out-draft", default=os.path.join(ROOT, "models/k3-nano-draft"))
+def arg_parser(doc, **defaults):
+    """The command line of train.py and train_k3.py; defaults: tokenizer, work, out_target, out_draft,
+    dropout."""
+    d = dict(tokenizer=os.path.join(ROOT, "checkpoints/tokenizer"), work=os.path.join(ROOT, "checkpoints/train"),
+             out_target=os.path.join(ROOT, "models/k3-nano"), out_draft=os.path.join(ROOT, "models/k3-nano-draft"),
+             dropout=0.1)
+    d.update(defaults)
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokenizer", default=d["tokenizer"])
+    ap.add_argument("--work", default=d["work"])
+    ap.add_argument("--out-target", default=d["out_target"])
+    ap.add_argument("--out-draft", default=d["out_draft"])
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--steps", type=int, default=800)
     ap.add_argument("--draft-steps", type=int, default=400)
@@ -240,16 +246,70 @@ def main():
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--draft-lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=50)
-    ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument("--dropout", type=float, default=d["dropout"])
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--fresh", action="store_true", help="ignore saved training state")
     ap.add_argument("--export-only", action="store_true")
     ap.add_argument("--only", choices=["target", "draft"])
     ap.add_argument("--bench", type=int, default=0, help="time N steps of each model and exit")
-    a = ap.parse_args()
+    return ap
+
+
+def bench_steps(a, tx, target, draft):
+    """--bench: seconds per training step of each model (the draft's with its teacher's forward)."""
+    gen = torch.Generator().manual_seed(0)
+    for nm, m, teach in (("target", target, None), ("draft", draft, target)):
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        it = batches(tx, a.batch, a.ctx, gen)
+        for i in range(a.bench + 2):
+            if i == 2:
+                t0 = time.time()
+            x, y = next(it)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.cross_entropy(m(x).float().flatten(0, 1), y.flatten())
+                if teach is not None:
+                    with torch.no_grad():
+                        teach(x)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        dt = (time.time() - t0) / a.bench
+        log("%s: %.3f s/step, %.0f tok/s" % (nm, dt, a.batch * a.ctx / dt))
+
+
+def train_and_export(a, target, draft, data, export_fn):
+    """The target (cross-entropy), then the draft distilled from it, each exported with
+    export_fn(model, out, tokenizer_dir) from its best saved weights; --export-only / --only as
+    the command line says."""
+    t_start = time.time()
+    if not a.export_only:
+        if a.only != "draft":
+            t0 = time.time()
+            train_one("target", target, data, a, a.steps, a.lr)
+            log("target trained in %.1f min" % ((time.time() - t0) / 60))
+        target.load_state_dict(torch.load(os.path.join(a.work, "target.best.pt")))
+        export_fn(target, a.out_target, a.tokenizer)
+        log("exported", a.out_target)
+        if a.only != "target":
+            target.eval()
+            for p in target.parameters():
+                p.requires_grad_(False)
+            t0 = time.time()
+            train_one("draft", draft, data, a, a.draft_steps, a.draft_lr, teacher=target)
+            log("draft trained in %.1f min" % ((time.time() - t0) / 60))
+    for nm, m, out in (("target", target, a.out_target), ("draft", draft, a.out_draft)):
+        p = os.path.join(a.work, nm + ".best.pt")
+        if os.path.exists(p):
+            m.load_state_dict(torch.load(p))
+            export_fn(m, out, a.tokenizer)
+            log("exported", out)
+    log("total wall time %.1f min" % ((time.time() - t_start) / 60))
+
+
+def main():
+    a = arg_parser(__doc__).parse_args()
     torch.set_num_threads(1)
     os.makedirs(a.work, exist_ok=True)
-    t_start = time.time()
     tok, tx, vstream = load_data(a.tokenizer, a.seed)
     vx, vy = val_windows(vstream, a.ctx)
     log("data: train %d tokens, val %d tokens (%d windows of %d), vocab %d" % (
@@ -259,50 +319,10 @@ def main():
     for nm, m in (("target", target), ("draft", draft)):
         tot, act = count_params(m)
         log("%s params: total %d, active per token %d" % (nm, tot, act))
-
     if a.bench:
-        gen = torch.Generator().manual_seed(0)
-        for nm, m, teach in (("target", target, None), ("draft", draft, target)):
-            opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-            it = batches(tx, a.batch, a.ctx, gen)
-            for i in range(a.bench + 2):
-                if i == 2:
-                    t0 = time.time()
-                x, y = next(it)
-                with torch.autocast("cpu", dtype=torch.bfloat16):
-                    loss = F.cross_entropy(m(x).float().flatten(0, 1), y.flatten())
-                    if teach is not None:
-                        with torch.no_grad():
-                            teach(x)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-            dt = (time.time() - t0) / a.bench
-            log("%s: %.3f s/step, %.0f tok/s" % (nm, dt, a.batch * a.ctx / dt))
+        bench_steps(a, tx, target, draft)
         return
-
-    if not a.export_only:
-        if a.only != "draft":
-            t0 = time.time()
-            train_one("target", target, (tx, vx, vy), a, a.steps, a.lr)
-            log("target trained in %.1f min" % ((time.time() - t0) / 60))
-        target.load_state_dict(torch.load(os.path.join(a.work, "target.best.pt")))
-        export(target, a.out_target, a.tokenizer)
-        log("exported", a.out_target)
-        if a.only != "target":
-            target.eval()
-            for p in target.parameters():
-                p.requires_grad_(False)
-            t0 = time.time()
-            train_one("draft", draft, (tx, vx, vy), a, a.draft_steps, a.draft_lr, teacher=target)
-            log("draft trained in %.1f min" % ((time.time() - t0) / 60))
-    for nm, m, out in (("target", target, a.out_target), ("draft", draft, a.out_draft)):
-        p = os.path.join(a.work, nm + ".best.pt")
-        if os.path.exists(p):
-            m.load_state_dict(torch.load(p))
-            export(m, out, a.tokenizer)
-            log("exported", out)
-    log("total wall time %.1f min" % ((time.time() - t_start) / 60))
+    train_and_export(a, target, draft, (tx, vx, vy), export)
 
 
 if __name__ == "__main__":

@@ -15,13 +15,10 @@ the weights rounded exactly as the exporter will store them (per 32-element grou
 e8m0 exponent with max|w| / 2^e <= 6, nearest e2m1 value), so the shipped MXFP4 model is the one
 that was evaluated. (K3's own experts are MXFP4 QAT as well.)
 """
-import argparse
 import json
-import math
 import os
 import shutil
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +27,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import reference_kimi as rk  # noqa: E402
-import reference_model as rm  # noqa: E402
 import train as base  # noqa: E402
 from make_checkpoint import F32_KINDS, PRESETS, draw, k3_tensor_specs  # noqa: E402
 from safetensors_io import entry, write_safetensors  # noqa: E402
@@ -202,26 +198,11 @@ def export(model, out, tok_dir):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokenizer", default=os.path.join(ROOT, "models/k3-nano"))
-    ap.add_argument("--work", default=os.path.join(ROOT, "checkpoints/train-k3"))
-    ap.add_argument("--out-target", default=os.path.join(ROOT, "checkpoints/k3-nano-k3"))
-    ap.add_argument("--out-draft", default=os.path.join(ROOT, "checkpoints/k3-nano-k3-draft"))
-    ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--steps", type=int, default=800)
-    ap.add_argument("--draft-steps", type=int, default=400)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--ctx", type=int, default=128)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--draft-lr", type=float, default=3e-3)
-    ap.add_argument("--warmup", type=int, default=50)
-    ap.add_argument("--dropout", type=float, default=0.0)
-    ap.add_argument("--eval-every", type=int, default=100)
+    ap = base.arg_parser(__doc__, tokenizer=os.path.join(ROOT, "models/k3-nano"),
+                         work=os.path.join(ROOT, "checkpoints/train-k3"),
+                         out_target=os.path.join(ROOT, "checkpoints/k3-nano-k3"),
+                         out_draft=os.path.join(ROOT, "checkpoints/k3-nano-k3-draft"), dropout=0.0)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--fresh", action="store_true", help="ignore saved training state")
-    ap.add_argument("--export-only", action="store_true")
-    ap.add_argument("--only", choices=["target", "draft"])
-    ap.add_argument("--bench", type=int, default=0, help="time N steps of each model and exit")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     check_training_forms()
@@ -230,7 +211,6 @@ def main():
     rk.ShortConv.forward = short_conv_train
     base.update_bias = update_bias
     os.makedirs(a.work, exist_ok=True)
-    t_start = time.time()
     tok, tx, vstream = base.load_data(a.tokenizer, a.seed)
     vx, vy = base.val_windows(vstream, a.ctx)
     base.log("data: train %d tokens, val %d tokens (%d windows of %d), vocab %d" % (
@@ -239,47 +219,10 @@ def main():
     draft = build(DRAFT, tok, a.seed + 1)
     for nm, m in (("target", target), ("draft", draft)):
         base.log("%s params: %d" % (nm, sum(p.numel() for p in m.parameters())))
-
     if a.bench:
-        gen = torch.Generator().manual_seed(0)
-        for nm, m in (("target", target), ("draft", draft)):
-            opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-            it = base.batches(tx, a.batch, a.ctx, gen)
-            for i in range(a.bench + 1):
-                if i == 1:
-                    t0 = time.time()
-                x, y = next(it)
-                with torch.autocast("cpu", dtype=torch.bfloat16):
-                    loss = F.cross_entropy(m(x).float().flatten(0, 1), y.flatten())
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-            dt = (time.time() - t0) / a.bench
-            base.log("%s: %.3f s/step, %.0f tok/s" % (nm, dt, a.batch * a.ctx / dt))
+        base.bench_steps(a, tx, target, draft)
         return
-
-    if not a.export_only:
-        if a.only != "draft":
-            t0 = time.time()
-            base.train_one("target", target, (tx, vx, vy), a, a.steps, a.lr)
-            base.log("target trained in %.1f min" % ((time.time() - t0) / 60))
-        target.load_state_dict(torch.load(os.path.join(a.work, "target.best.pt")))
-        export(target, a.out_target, a.tokenizer)
-        base.log("exported", a.out_target)
-        if a.only != "target":
-            target.eval()
-            for p in target.parameters():
-                p.requires_grad_(False)
-            t0 = time.time()
-            base.train_one("draft", draft, (tx, vx, vy), a, a.draft_steps, a.draft_lr, teacher=target)
-            base.log("draft trained in %.1f min" % ((time.time() - t0) / 60))
-    for nm, m, out in (("target", target, a.out_target), ("draft", draft, a.out_draft)):
-        p = os.path.join(a.work, nm + ".best.pt")
-        if os.path.exists(p):
-            m.load_state_dict(torch.load(p))
-            export(m, out, a.tokenizer)
-            base.log("exported", out)
-    base.log("total wall time %.1f min" % ((time.time() - t_start) / 60))
+    base.train_and_export(a, target, draft, (tx, vx, vy), export)
 
 
 if __name__ == "__main__":
