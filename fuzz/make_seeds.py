@@ -152,3 +152,30 @@ put("chat_template", "features.jinja",
     "{{ loop.index }}:{{ msg.role | upper }} {{ msg.content | tojson }}{% if loop.last %}{{ m(ns.n) }}{% endif %}"
     "{% else %}none{% endfor %}{{ tools | length }}{{ '%s-%d' % ('a', 3) }}{{ [1,2,3] | join(',') }}"
     "{{ {'a': 1}.items() | list }}{{ 'x'.split('') if false else 'abc'[1:] }}{% raw %}{{ raw }}{% endraw %}")
+
+# request: the first byte picks the endpoint (0 completions, 1 chat, 2 /tokenize, 3 /detokenize),
+# the rest is a body as OpenAI clients and vLLM's extensions send it.
+REQUESTS = [
+    (0, {"model": "k3-nano", "prompt": "The meaning of life is", "max_tokens": 8, "temperature": 0}),
+    (0, {"prompt": ["Love is", "A computer is"], "max_tokens": 4, "n": 2, "seed": 7, "top_p": 0.9, "top_k": 20,
+         "min_p": 0.05, "stop": ["\n", "."], "logprobs": 3, "echo": True, "stream": True,
+         "stream_options": {"include_usage": True}}),
+    (0, {"prompt": [1, 200, 300], "max_tokens": 3, "logit_bias": {"17": -100, "42": 5.5}, "ignore_eos": True,
+         "stop_token_ids": [2, 3], "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.2,
+         "user": "u"}),
+    (0, {"prompt": [[1, 2], [3]], "max_completion_tokens": 2, "min_tokens": 1, "include_stop_str_in_output": True,
+         "add_special_tokens": False}),
+    (1, {"model": "k3-nano", "messages": [{"role": "system", "content": "Be brief."},
+                                          {"role": "user", "content": "Hi"}],
+         "max_tokens": 5, "logprobs": True, "top_logprobs": 2, "stream": True}),
+    (1, {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+                      {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "More"}],
+         "add_generation_prompt": False, "continue_final_message": False, "chat_template_kwargs": {"thinking": True},
+         "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+         "tool_choice": "none", "max_completion_tokens": 3}),
+    (2, {"prompt": "Hello world", "add_special_tokens": True}),
+    (2, {"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": True}),
+    (3, {"tokens": [1, 100, 200, 4095]}),
+]
+for i, (endpoint, body) in enumerate(REQUESTS):
+    put("request", f"body{i}.bin", bytes([endpoint]) + json.dumps(body).encode())

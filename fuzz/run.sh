@@ -8,7 +8,7 @@
 # RUNS: executions per target (default 1000000); SECONDS: wall-clock cap per target (default
 # 480; whichever comes first ends it); PARALLEL: targets run at once (default 1). Targets
 # (default all): safetensors shard_index config tokenizer_json tiktoken tokenizer_encode
-# chat_template. A crash, hang (> 10 s per input), leak or sanitizer report stops the target and
+# chat_template request. A crash, hang (> 10 s per input), leak or sanitizer report stops the target and
 # leaves the input in build-fuzz/artifacts/; rerun one with build-fuzz/fuzz_TARGET FILE.
 # The summary (executions, result) is build-fuzz/summary.txt; logs are build-fuzz/logs/.
 # Debian 12 packages: clang libclang-rt-14-dev (tools/setup-debian.sh does not install them).
@@ -27,7 +27,7 @@ while getopts "n:t:j:" opt; do
 done
 shift $((OPTIND - 1))
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(safetensors shard_index config tokenizer_json tiktoken tokenizer_encode chat_template)
+[ ${#targets[@]} -gt 0 ] || targets=(safetensors shard_index config tokenizer_json tiktoken tokenizer_encode chat_template request)
 
 out=build-fuzz
 CXX=${CXX:-clang++} cmake -S fuzz -B "$out" -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null
@@ -38,9 +38,9 @@ python3 fuzz/make_seeds.py . "$out/seeds"
 mkdir -p "$out/corpus" "$out/artifacts" "$out/logs"
 
 declare -A max_len=([safetensors]=16384 [shard_index]=32768 [config]=4096 [tokenizer_json]=65536
-                    [tiktoken]=16384 [tokenizer_encode]=2048 [chat_template]=16384)
+                    [tiktoken]=16384 [tokenizer_encode]=2048 [chat_template]=16384 [request]=8192)
 declare -A dict=([safetensors]=json [shard_index]=json [config]=json [tokenizer_json]=json
-                 [tiktoken]=json [chat_template]=jinja [tokenizer_encode]=)
+                 [tiktoken]=json [chat_template]=jinja [tokenizer_encode]= [request]=json)
 
 run_one() {
   local t=$1
