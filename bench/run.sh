@@ -18,6 +18,8 @@
 #                            LLAMA_CPP_DIR, a llama.cpp build with llama-bench; ~10 minutes, plus the
 #                            GGUF conversion the first time) and replaces that section in place. A full
 #                            run includes it when LLAMA_CPP_DIR is set and leaves a note in its place when not.
+#   ONLY=kernels bench/run.sh reruns kernel_bench (the probes and every kernel row, ~10 minutes)
+#                            and replaces the kernel section in place
 #   ONLY=serve bench/run.sh reruns the engine-core rows and `moat serve` over HTTP, then the HTTP
 #                            overhead (bench/http_overhead.sh: engine core and server back to back,
 #                            OVERHEAD_REPS=3 pairs at concurrency 1 and 64, ~20 minutes), and replaces
@@ -52,7 +54,7 @@ load_after=$(cut -d' ' -f1 /proc/loadavg)
 MODELS=${MODELS:-models/k3-nano checkpoints/bench checkpoints/bench-fp8}
 # Kimi-Linear-48B-shaped hybrid (4 layers: KDA x 3 then MLA, 64 routed experts in MXFP4); KIMI= skips it.
 KIMI=${KIMI-checkpoints/bench-kimi}
-[[ "$ONLY" == serve || "$ONLY" == tp || "$ONLY" == peer ]] && KIMI=""
+[[ "$ONLY" == serve || "$ONLY" == tp || "$ONLY" == peer || "$ONLY" == kernels ]] && KIMI=""
 if [[ -n "$KIMI" && ! -f "$KIMI/config.json" ]]; then
   /usr/bin/python3 tools/make_checkpoint.py --preset bench-kimi --out "$KIMI" --shards 3 >/dev/null
 fi
@@ -193,6 +195,47 @@ replace_only_section() {
   echo "$4"
   exit 0
 }
+
+# The kernel table with its rooflines (a marked section: ONLY=kernels regenerates it alone).
+kernel_section() {
+  echo "<!-- bench/run.sh section: kernels (ONLY=kernels bench/run.sh regenerates it alone) -->"
+  echo
+  echo "## Kernels against this run's rooflines"
+  echo
+  echo "Rooflines are measured in the same run: memory read bandwidth (512 MiB in 2 MiB pages, summed with 512-bit loads,"
+  echo "the best of five access patterns: one stream or 4 / 8 streams side by side per thread, with and without software"
+  echo "prefetch; the kernel column names the winner) for T=1 matmul and attention (GB/s of weights or cache read), and the"
+  echo "vdpbf16ps / vfmadd231ps peaks with 24 independent accumulators per thread for T=512 (GFLOPS). Every probe loop is"
+  echo "unrolled explicitly and checked by tests/ops/no_spill_test.cpp (at -O2 they used to keep accumulators in memory and"
+  echo "read 2-3x low). Weight sets are cycled through >= 256 MiB so every call reads DRAM, as decode does (also in 2 MiB pages)."
+  echo "Shapes are [out, in]: 2048x10944 is DeepSeek-V2-Lite's dense down projection, 1408x2048 an expert's"
+  echo "gate or up projection. MLA attention over an fp32 latent cache does ~15 flops per cache byte at"
+  echo "16 heads, so its roofline is min(fp32 FMA peak, bandwidth x 15), which is the FMA peak here."
+  echo "A bandwidth row above 100% means the kernel (4 prefetched row streams) reads memory slightly"
+  echo "faster than the best probe pattern."
+  echo
+  echo "$kernels"
+  echo
+  echo "cpu.matmul_avx512bf16 rows without a suffix split bf16-weight activations into bf16 hi + lo (two"
+  echo "dot products per weight vector, fp32-accurate) and round them to bf16 against fp8 weights (W8A16)."
+  echo '`fast` rows round bf16-weight activations to bf16 once (normalized error ~4e-3, twice the dot-product'
+  echo 'rate: the default for prefill); `exact` rows split them against fp8 weights too (`moat --exact`).'
+  echo "fp8 block scales always multiply fp32 partial sums."
+  echo
+  echo "Prefill GEMM: moat uses its own AVX-512 BF16 kernel (cpu.matmul_avx512bf16) for T > 1 too;"
+  echo "oneDNN and OpenBLAS are not linked. DESIGN.md's toolchain facts: oneDNN 2.6 bf16 2048^3 reaches"
+  echo "~200 GFLOPS with 2 threads on a busy machine and Debian's OpenBLAS has no sbgemm, so the"
+  echo "comparison to make is the T=512 rows above against that figure, on an idle machine."
+  echo
+  echo
+  echo "Load average before / after this kernel run: $load_before / $load_after."
+  echo
+  echo "<!-- end of section: kernels -->"
+}
+if [[ "$ONLY" == kernels ]]; then
+  replace_only_section kernels kernel_section "## Model decode and prefill" \
+    "replaced the kernel section of $OUT (load average $load_before before the kernel run, $load_after after)"
+fi
 
 if [[ "$ONLY" == kimi ]]; then
   [[ -n "$kimi_decode_rows" ]] || { echo "ONLY=kimi: no Kimi checkpoint at '$KIMI'" >&2; exit 1; }
@@ -386,32 +429,7 @@ fi
   echo "- Load average before / after the kernel run: $load_before / $load_after" \
        "(a busy machine shows much lower bandwidth and peak; compare rows only within one run)"
   echo
-  echo "## Kernels against this run's rooflines"
-  echo
-  echo "Rooflines are measured in the same run: memory read bandwidth (512 MiB in 2 MiB pages, summed with 512-bit loads,"
-  echo "the best of five access patterns: one stream or 4 / 8 streams side by side per thread, with and without software"
-  echo "prefetch; the kernel column names the winner) for T=1 matmul and attention (GB/s of weights or cache read), and the"
-  echo "vdpbf16ps / vfmadd231ps peaks with 24 independent accumulators per thread for T=512 (GFLOPS). Every probe loop is"
-  echo "unrolled explicitly and checked by tests/ops/no_spill_test.cpp (at -O2 they used to keep accumulators in memory and"
-  echo "read 2-3x low). Weight sets are cycled through >= 256 MiB so every call reads DRAM, as decode does (also in 2 MiB pages)."
-  echo "Shapes are [out, in]: 2048x10944 is DeepSeek-V2-Lite's dense down projection, 1408x2048 an expert's"
-  echo "gate or up projection. MLA attention over an fp32 latent cache does ~15 flops per cache byte at"
-  echo "16 heads, so its roofline is min(fp32 FMA peak, bandwidth x 15), which is the FMA peak here."
-  echo "A bandwidth row above 100% means the kernel (4 prefetched row streams) reads memory slightly"
-  echo "faster than the best probe pattern."
-  echo
-  echo "$kernels"
-  echo
-  echo "cpu.matmul_avx512bf16 rows without a suffix split bf16-weight activations into bf16 hi + lo (two"
-  echo "dot products per weight vector, fp32-accurate) and round them to bf16 against fp8 weights (W8A16)."
-  echo '`fast` rows round bf16-weight activations to bf16 once (normalized error ~4e-3, twice the dot-product'
-  echo 'rate: the default for prefill); `exact` rows split them against fp8 weights too (`moat --exact`).'
-  echo "fp8 block scales always multiply fp32 partial sums."
-  echo
-  echo "Prefill GEMM: moat uses its own AVX-512 BF16 kernel (cpu.matmul_avx512bf16) for T > 1 too;"
-  echo "oneDNN and OpenBLAS are not linked. DESIGN.md's toolchain facts: oneDNN 2.6 bf16 2048^3 reaches"
-  echo "~200 GFLOPS with 2 threads on a busy machine and Debian's OpenBLAS has no sbgemm, so the"
-  echo "comparison to make is the T=512 rows above against that figure, on an idle machine."
+  kernel_section
   echo
   echo "## Model decode and prefill"
   echo
