@@ -133,6 +133,10 @@ def check_training_forms():
     for st in (None, state):
         for want, got in zip(rk.ShortConv.forward(conv, x, st), short_conv_train(conv, x, st)):
             assert (want - got).abs().max() < 1e-5, "short_conv_train disagrees with reference_kimi.ShortConv"
+    # the QAT rounding is the exporter's: fake_mxfp4(w) == decode(encode(w))
+    w = 0.05 * r(4, 64)
+    stored = torch.from_numpy(rk.decode_mxfp4(*rk.encode_mxfp4(w.numpy())))
+    assert torch.equal(fake_mxfp4(w), stored), "fake_mxfp4 disagrees with encode_mxfp4 + decode_mxfp4"
 
 
 def qat_expert_forward(self, z):

@@ -14,8 +14,8 @@
 //   fp8, 16 for 4-bit; fp8 and 4-bit weights also in exact mode): each task splits its rows into 4
 //   lanes and reads one row of each lane side by side (lane_tiles: 4 long sequential streams).
 //   Exact-mode prefill: each task owns a range of 4-row groups, walks it in chunks of rows that
-//   stay in L2 (~128 KiB), and runs every token against a chunk before the next; the microkernel (tile_bf16) keeps 4 rows x up to 4
-//   tokens of dot-product accumulators in registers. Longer calls that round x to bf16 (batched
+//   stay in L2 (~128 KiB), and runs every token against a chunk before the next; the microkernel
+//   (tile_bf16) keeps 4 rows x up to 4 tokens of dot-product accumulators in registers. Longer calls that round x to bf16 (batched
 //   decode and prefill) repack 64 weight rows x 256 columns at a time into column pairs
 //   (pack_panel, 32 KiB in L1) and run outer products over them (tile_packed: 64 rows x 6 tokens,
 //   no horizontal sums). Measured against the 4x4 dot-product tiles it replaced there (Zen 5, one
