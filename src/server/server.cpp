@@ -17,6 +17,12 @@ namespace {
 using json = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
+// How long a connection thread sleeps when its requests produce nothing before it looks at the
+// socket. Each wake-up on a machine with as many cores as engine threads preempts a pool worker
+// mid-kernel and stalls that parallel region: at 50 ms, 64 idle streams cost 5-7% of decode
+// throughput. Outputs wake the thread at once whatever this is.
+constexpr std::chrono::milliseconds kIdleCheck(500);
+
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // Generated text is valid UTF-8 (the detokenizer guarantees it), but decoded token ids and
@@ -335,6 +341,8 @@ struct OpenAIServer::Generation {
 
   // Streams SSE until every choice finished or the client left. Returns false when it left.
   bool run_stream(httplib::DataSink& sink) {
+    // A client that leaves while tokens flow is seen by the next write; this timeout only bounds
+    // how long one that leaves while its request waits goes unnoticed.
     auto write = [&](const std::string& s) {
       if (s.empty()) return true;
       if (!sink.is_writable() || !sink.write(s.data(), s.size())) {
@@ -346,7 +354,7 @@ struct OpenAIServer::Generation {
     if (!write(stream_open())) return false;
     while (!all_finished()) {
       std::string batch;
-      pump(std::chrono::milliseconds(50), [&](Choice& c, const RequestOutput& out) { batch += stream_chunks(c, out); });
+      pump(kIdleCheck, [&](Choice& c, const RequestOutput& out) { batch += stream_chunks(c, out); });
       if (batch.empty() ? !sink.is_writable() : !write(batch)) {
         client_gone = true;
         return false;
@@ -363,10 +371,10 @@ struct OpenAIServer::Generation {
   bool run_blocking(httplib::DataSink& sink) {
     auto checked = Clock::now();
     while (!all_finished()) {
-      pump(std::chrono::milliseconds(50), [&](Choice& c, const RequestOutput& out) { accumulate(c, out); });
-      // Nothing goes to the client before the end, so a look at the socket every 50 ms is the
-      // only sign that it left.
-      if (Clock::now() - checked >= std::chrono::milliseconds(50)) {
+      pump(kIdleCheck, [&](Choice& c, const RequestOutput& out) { accumulate(c, out); });
+      // Nothing goes to the client before the end, so a look at the socket every kIdleCheck is
+      // the only sign that it left.
+      if (Clock::now() - checked >= kIdleCheck) {
         checked = Clock::now();
         if (!sink.is_writable()) {
           client_gone = true;
