@@ -2,6 +2,24 @@
 
 namespace moat {
 
+uint64_t StreamSignal::rings() const {
+  std::lock_guard lock(mu_);
+  return rings_;
+}
+
+void StreamSignal::wait(uint64_t seen, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return rings_ != seen; });
+}
+
+void StreamSignal::ring() {
+  {
+    std::lock_guard lock(mu_);
+    ++rings_;
+  }
+  cv_.notify_all();
+}
+
 std::optional<RequestOutput> RequestStream::next(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mu_);
   cv_.wait_for(lock, timeout, [&] { return !queue_.empty() || finished_taken_; });
@@ -25,6 +43,7 @@ void RequestStream::push(RequestOutput out) {
     queue_.push_back(std::move(out));
   }
   cv_.notify_all();
+  if (signal_) signal_->ring();
 }
 
 AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, Options options)
@@ -35,7 +54,8 @@ AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, Options options)
 
 AsyncEngine::~AsyncEngine() { shutdown(false); }
 
-std::variant<std::shared_ptr<RequestStream>, AsyncEngine::Refusal> AsyncEngine::submit(GenerateRequest request) {
+std::variant<std::shared_ptr<RequestStream>, AsyncEngine::Refusal> AsyncEngine::submit(GenerateRequest request,
+                                                                                  std::shared_ptr<StreamSignal> signal) {
   if (auto ok = engine_->validate(request); !ok) return Refusal{SubmitError::invalid, ok.error().message};
   std::shared_ptr<RequestStream> stream;
   {
@@ -45,7 +65,7 @@ std::variant<std::shared_ptr<RequestStream>, AsyncEngine::Refusal> AsyncEngine::
       return Refusal{SubmitError::queue_full,
                      fmt::format("{} requests are already waiting (--max-queue {})", not_running_.load(),
                                  options_.max_waiting)};
-    stream = std::make_shared<RequestStream>(next_id_++);
+    stream = std::make_shared<RequestStream>(next_id_++, std::move(signal));
     submitted_.emplace_back(std::move(request), stream);
     ++not_running_;
   }

@@ -22,10 +22,26 @@
 
 namespace moat {
 
+// Rung on every output of the streams that share it, so one reader can sleep on several
+// streams (a response's n choices) instead of polling them in turn.
+class StreamSignal {
+ public:
+  uint64_t rings() const;
+  // Waits until rings() differs from `seen` or `timeout` passed.
+  void wait(uint64_t seen, std::chrono::milliseconds timeout);
+  void ring();
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t rings_ = 0;
+};
+
 // One request's outputs, in order. The engine thread pushes; one reader pops.
 class RequestStream {
  public:
-  explicit RequestStream(uint64_t id) : id_(id) {}
+  explicit RequestStream(uint64_t id, std::shared_ptr<StreamSignal> signal = nullptr)
+      : id_(id), signal_(std::move(signal)) {}
   uint64_t id() const { return id_; }
   // The next output, waiting up to `timeout`; nullopt on timeout, or after the finished output
   // was taken (finished() then says so).
@@ -36,6 +52,7 @@ class RequestStream {
 
  private:
   uint64_t id_;
+  std::shared_ptr<StreamSignal> signal_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<RequestOutput> queue_;
@@ -68,8 +85,10 @@ class AsyncEngine {
     SubmitError kind;
     std::string message;
   };
-  // Validates and queues; the stream receives the outputs. Thread-safe.
-  std::variant<std::shared_ptr<RequestStream>, Refusal> submit(GenerateRequest request);
+  // Validates and queues; the stream receives the outputs and rings `signal` (if any) on each.
+  // Thread-safe.
+  std::variant<std::shared_ptr<RequestStream>, Refusal> submit(GenerateRequest request,
+                                                               std::shared_ptr<StreamSignal> signal = nullptr);
   // Ends a request at once (its stream gets a finished output with reason abort) and frees its KV
   // blocks before the next step. Thread-safe; unknown or finished ids are ignored.
   void abort(uint64_t id);

@@ -92,6 +92,7 @@ struct OpenAIServer::Generation {
   OpenAIRequest request;
   PreparedRequest prepared;
   std::vector<Choice> choices;
+  std::shared_ptr<StreamSignal> signal = std::make_shared<StreamSignal>();  // rung by every choice's stream
   bool client_gone = false;
   bool recorded = false;
 
@@ -107,28 +108,21 @@ struct OpenAIServer::Generation {
   // Waits up to `wait` for outputs and hands each to `on_output(choice, out)`.
   template <class F>
   void pump(std::chrono::milliseconds wait, F&& on_output) {
-    bool got = false;
-    for (Choice& c : choices) {
-      while (!c.finished) {
-        auto out = c.stream->next(std::chrono::milliseconds(0));
-        if (!out) break;
-        got = true;
-        take(c, *out);
-        on_output(c, *out);
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      // Read before the streams are looked at: an output pushed after the look rings past it.
+      const uint64_t seen = signal->rings();
+      bool got = false;
+      for (Choice& c : choices) {
+        while (!c.finished) {
+          auto out = c.stream->next(std::chrono::milliseconds(0));
+          if (!out) break;
+          got = true;
+          take(c, *out);
+          on_output(c, *out);
+        }
       }
-    }
-    if (got) return;
-    // Nothing ready: sleep on one unfinished stream (with several, briefly, so the others'
-    // outputs wait at most that long).
-    int unfinished = 0;
-    Choice* first = nullptr;
-    for (Choice& c : choices)
-      if (!c.finished && unfinished++ == 0) first = &c;
-    if (!first) return;
-    auto out = first->stream->next(unfinished > 1 ? std::min(wait, std::chrono::milliseconds(5)) : wait);
-    if (out) {
-      take(*first, *out);
-      on_output(*first, *out);
+      if (got || attempt == 1) return;
+      signal->wait(seen, wait);
     }
   }
 
@@ -645,7 +639,7 @@ void OpenAIServer::routes() {
       t_access.id = g->id;
       const int n = g->request.n;
       for (size_t i = 0; i < g->prepared.requests.size(); ++i) {
-        auto submitted = model_.engine->submit(std::move(g->prepared.requests[i]));
+        auto submitted = model_.engine->submit(std::move(g->prepared.requests[i]), g->signal);
         if (auto* refusal = std::get_if<AsyncEngine::Refusal>(&submitted)) {
           // All choices or none: the ones already queued are taken back.
           for (const Choice& c : g->choices) model_.engine->abort(c.stream->id());

@@ -79,6 +79,33 @@ TEST(AsyncEngine, ConcurrentSubmittersEachGetTheirWholeStream) {
   EXPECT_EQ(e->snapshot().kv_blocks_used, 0);
 }
 
+// The server sleeps on one signal for all n choices of a response: every output of every
+// stream must ring it, and a reader that saw the count before looking must never sleep through one.
+TEST(AsyncEngine, SharedSignalRingsForEveryOutputOfEveryStream) {
+  auto e = start();
+  auto signal = std::make_shared<StreamSignal>();
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 3; ++i) streams.push_back(std::get<0>(e->submit(request("A computer is", 5 + i), signal)));
+  int outputs = 0, finished = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (finished < 3) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "slept through outputs";
+    const uint64_t seen = signal->rings();
+    bool got = false;
+    for (auto& s : streams)
+      while (auto out = s->next(std::chrono::milliseconds(0))) {
+        got = true;
+        ++outputs;
+        finished += out->finished;
+      }
+    // A generous timeout: a missed ring shows up as the deadline, not as a slow pass.
+    if (!got && finished < 3) signal->wait(seen, std::chrono::seconds(30));
+  }
+  EXPECT_GE(signal->rings(), static_cast<uint64_t>(outputs));
+  EXPECT_GE(outputs, 3);
+  e->shutdown(true);
+}
+
 TEST(AsyncEngine, AbortFromAnotherThreadEndsTheStreamAndFreesBlocks) {
   auto e = start();
   auto s = std::get<0>(e->submit(request("The meaning of life is", 200)));
