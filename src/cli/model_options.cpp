@@ -108,6 +108,10 @@ void EngineOptions::add_to(CLI::App& sub) {
                  "tokens per engine step (prompt chunks + decode tokens)")
       ->check(CLI::PositiveNumber);
   sub.add_flag("--no-prefix-caching", no_prefix_caching, "do not reuse the KV blocks of shared prompt prefixes");
+  sub.add_option("--prefix-state-snapshots", prefix_state_snapshots,
+                 "hybrid models (KDA layers): recurrent states kept at block boundaries so prefix caching can skip "
+                 "a prefix (default: 2 x max-num-seqs, fewer if memory is short; 0: no prefix hits)")
+      ->check(CLI::NonNegativeNumber);
   sub.add_option("--speculative", speculative,
                  "speculative decoding: draft:DIR (a draft model with the target's tokenizer, e.g. "
                  "draft:models/k3-nano-draft), ngram (prompt lookup: guesses copied from the context) or mtp (the "
@@ -141,6 +145,7 @@ EngineConfig EngineOptions::config(int64_t max_model_len, DeepseekModel* draft) 
   c.max_num_batched_tokens = max_num_batched_tokens;
   c.max_num_seqs = max_num_seqs;
   c.enable_prefix_caching = !no_prefix_caching;
+  c.prefix_state_snapshots = prefix_state_snapshots;
   if (!speculative.empty()) {
     c.speculative.method = speculative.starts_with("draft") ? "draft" : speculative;
     c.speculative.num_tokens = num_speculative_tokens;

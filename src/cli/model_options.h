@@ -46,6 +46,7 @@ struct EngineOptions {
   int32_t max_num_seqs = 64;
   int64_t max_num_batched_tokens = 512;
   bool no_prefix_caching = false;
+  int32_t prefix_state_snapshots = -1;
   std::string speculative;  // "", "ngram" or "draft:DIR"
   int32_t num_speculative_tokens = 4;
 

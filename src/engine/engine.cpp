@@ -60,6 +60,28 @@ Result<std::unique_ptr<Engine>> Engine::create(DeepseekModel& model, const Engin
         "{} running requests (--max-num-seqs) keep {} bytes of recurrent state each, {} bytes in all, which with the "
         "KV cache's {} bytes exceeds the {} bytes of memory available; lower --max-num-seqs or --kv-memory",
         c.max_num_seqs, model.state_bytes_per_request(), state_bytes, bytes, available);
+  // Snapshots of those states let hybrids take prefix-cache hits; they are a cache, so by default
+  // as many as fit beside the rest. Under tensor parallelism each rank holds its heads' share of a
+  // state and the workers do not mirror snapshots (yet): no hits there.
+  int32_t snapshots = 0;
+  if (const int64_t per_state = model.state_bytes_per_request(); per_state > 0 && c.enable_prefix_caching) {
+    if (c.prefix_state_snapshots < -1)
+      return make_error("--prefix-state-snapshots must be >= 0, got {}", c.prefix_state_snapshots);
+    if (model.tp_size() > 1) {
+      if (c.prefix_state_snapshots > 0)
+        return make_error("--prefix-state-snapshots: hybrid prefix caching does not run under tensor parallelism yet");
+    } else if (c.prefix_state_snapshots >= 0) {
+      snapshots = c.prefix_state_snapshots;
+      if (available > 0 && bytes + state_bytes + snapshots * per_state > available)
+        return make_error("--prefix-state-snapshots {} x {} bytes of recurrent state, with the KV cache and the running "
+                          "requests' states, exceeds the {} bytes of memory available",
+                          snapshots, per_state, available);
+    } else {
+      int64_t fit = 2 * static_cast<int64_t>(c.max_num_seqs);
+      if (available > 0) fit = std::min(fit, std::max<int64_t>(0, (available - bytes - state_bytes) / 4 / per_state));
+      snapshots = static_cast<int32_t>(fit);
+    }
+  }
 
   std::unique_ptr<Proposer> proposer;
   if (const SpeculativeConfig& sp = c.speculative; sp.enabled()) {
@@ -95,6 +117,7 @@ Result<std::unique_ptr<Engine>> Engine::create(DeepseekModel& model, const Engin
   sc.enable_prefix_caching = c.enable_prefix_caching;
   sc.state_bytes_per_request = model.state_bytes_per_request();
   sc.num_state_slots = sc.state_bytes_per_request > 0 ? c.max_num_seqs : 0;
+  sc.num_state_snapshots = snapshots;
   e->scheduler_ = std::make_unique<Scheduler>(sc);
   return e;
 }

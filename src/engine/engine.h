@@ -47,6 +47,9 @@ struct EngineConfig {
   int64_t max_num_batched_tokens = 512;  // token budget per step (prompt chunks + decode tokens)
   int32_t max_num_seqs = 64;             // running requests at once
   bool enable_prefix_caching = true;
+  // Hybrid models: recurrent-state snapshots kept for prefix caching (sched/scheduler.h); -1:
+  // 2 x max_num_seqs, fewer if memory is short; 0: hybrids take no prefix hits.
+  int32_t prefix_state_snapshots = -1;
   SpeculativeConfig speculative;
 };
 

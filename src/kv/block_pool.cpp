@@ -105,6 +105,12 @@ std::optional<int32_t> BlockPool::acquire_cached(uint64_t hash, std::span<const 
   return b;
 }
 
+bool BlockPool::has_cached(uint64_t hash, std::span<const int32_t> tokens) const {
+  auto it = cached_.find(hash);
+  return it != cached_.end() &&
+         std::equal(tokens.begin(), tokens.end(), tokens_.begin() + static_cast<int64_t>(it->second) * block_size_);
+}
+
 void BlockPool::check_invariants() const {
   int32_t n = 0;
   for (int32_t b = head_, prev = -1; b >= 0; prev = b, b = next_[b]) {

@@ -49,6 +49,10 @@ class BlockPool {
   void register_full(int32_t block, uint64_t hash, std::span<const int32_t> tokens);
   // The cached block for `hash` holding exactly `tokens`, with one more reference; nullopt on a miss.
   std::optional<int32_t> acquire_cached(uint64_t hash, std::span<const int32_t> tokens);
+  // Whether acquire_cached would hit; takes nothing and counts nothing.
+  bool has_cached(uint64_t hash, std::span<const int32_t> tokens) const;
+  // A lookup that missed without calling acquire_cached (the caller decided from has_cached).
+  void count_miss() { ++counters_.lookups; }
 
   struct Counters {
     int64_t lookups = 0, hits = 0;  // blocks asked for / found in the prefix cache

@@ -29,12 +29,12 @@ StateSlotPool::~StateSlotPool() {
   if (base_) munmap(base_, static_cast<size_t>(bytes_));
 }
 
-std::optional<int32_t> StateSlotPool::allocate() {
+std::optional<int32_t> StateSlotPool::allocate(bool zero_fill) {
   if (free_.empty()) return std::nullopt;
   const int32_t s = free_.back();
   free_.pop_back();
   in_use_[static_cast<size_t>(s)] = true;
-  std::memset(data(s), 0, static_cast<size_t>(bytes_per_slot_));
+  if (zero_fill) std::memset(data(s), 0, static_cast<size_t>(bytes_per_slot_));
   return s;
 }
 
@@ -64,6 +64,54 @@ void StateSlotPool::check_invariants() const {
   for (bool u : in_use_) used += u;
   MOAT_CHECK(used + num_free() == num_slots(), "{} slots in use + {} free != {}", used, num_free(), num_slots());
   for (int32_t s : free_) MOAT_CHECK(!in_use_[static_cast<size_t>(s)], "free slot {} marked in use", s);
+}
+
+StateSnapshotCache::StateSnapshotCache(int32_t capacity, int64_t bytes_per_state)
+    : slots_(bytes_per_state > 0 ? capacity : 0, bytes_per_state) {}
+
+void StateSnapshotCache::save(uint64_t hash, const uint8_t* state) {
+  if (!enabled()) return;
+  if (auto it = entries_.find(hash); it != entries_.end()) {
+    recency_.splice(recency_.begin(), recency_, it->second.recency);
+    return;
+  }
+  std::optional<int32_t> slot = slots_.allocate(/*zero_fill=*/false);
+  if (!slot) {
+    const uint64_t victim = recency_.back();
+    recency_.pop_back();
+    auto it = entries_.find(victim);
+    slots_.release(it->second.slot);
+    entries_.erase(it);
+    ++counters_.evictions;
+    slot = slots_.allocate(/*zero_fill=*/false);
+  }
+  std::memcpy(slots_.data(*slot), state, static_cast<size_t>(slots_.bytes_per_slot()));
+  recency_.push_front(hash);
+  entries_.emplace(hash, Entry{*slot, recency_.begin()});
+  ++counters_.saves;
+}
+
+bool StateSnapshotCache::restore(uint64_t hash, uint8_t* state) {
+  auto it = entries_.find(hash);
+  if (it == entries_.end()) return false;
+  std::memcpy(state, slots_.data(it->second.slot), static_cast<size_t>(slots_.bytes_per_slot()));
+  recency_.splice(recency_.begin(), recency_, it->second.recency);
+  ++counters_.restores;
+  return true;
+}
+
+void StateSnapshotCache::check_invariants() const {
+  slots_.check_invariants();
+  MOAT_CHECK(recency_.size() == entries_.size(), "{} snapshots but {} in the recency list", entries_.size(),
+             recency_.size());
+  MOAT_CHECK(static_cast<int32_t>(entries_.size()) + slots_.num_free() == slots_.num_slots(),
+             "{} snapshots + {} free slots != {}", entries_.size(), slots_.num_free(), slots_.num_slots());
+  std::vector<bool> seen(static_cast<size_t>(slots_.num_slots()), false);
+  for (const auto& [hash, e] : entries_) {
+    MOAT_CHECK(*e.recency == hash, "snapshot {:x} points at another recency entry", hash);
+    MOAT_CHECK(slots_.in_use(e.slot) && !seen[static_cast<size_t>(e.slot)], "snapshot slot {} free or shared", e.slot);
+    seen[static_cast<size_t>(e.slot)] = true;
+  }
 }
 
 }  // namespace moat

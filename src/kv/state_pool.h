@@ -3,15 +3,20 @@
 // ../shared/K3.md) keeps a fixed-size state per request that every token updates in place. Slots
 // are whole: one per running request, taken at admission, given back when the request finishes,
 // is aborted or is preempted. A preempted request's state goes with its blocks and is rebuilt by
-// recomputing the request, so a state never outlives the rows it summarizes; for the same reason
-// a model with state cannot skip a prefix through the prefix cache (the state of the prefix is
-// not stored), and the scheduler takes no prefix hits for it.
+// recomputing the request, so a state never outlives the rows it summarizes.
+//
+// Prefix caching needs the state at the end of the cached prefix, which the blocks alone do not
+// give: StateSnapshotCache keeps copies of states taken at block boundaries, keyed by the prefix
+// cache's chain hash of the block that ends there (vLLM's and sglang's approach for Mamba-style
+// hybrids). A request then skips the longest cached prefix whose end has a snapshot.
 //
 // DeepSeek-V3 has no such layer: bytes_per_slot is 0, the pool is disabled and holds nothing.
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 namespace moat {
@@ -29,8 +34,9 @@ class StateSlotPool {
   int32_t num_free() const { return static_cast<int32_t>(free_.size()); }
   int64_t bytes_per_slot() const { return bytes_per_slot_; }
 
-  // A zero-filled slot (a request's state starts empty), or nullopt when all are in use.
-  std::optional<int32_t> allocate();
+  // A zero-filled slot (a request's state starts empty), or nullopt when all are in use; with
+  // zero_fill false the contents are whatever the slot last held (the caller overwrites them).
+  std::optional<int32_t> allocate(bool zero_fill = true);
   // Takes this particular slot, zero-filled, whether or not it was in use: a tensor-parallel
   // worker's mirror of rank 0's pool, told which slot a new sequence starts in.
   void acquire(int32_t slot);
@@ -50,6 +56,43 @@ class StateSlotPool {
   int64_t bytes_ = 0;
   std::vector<int32_t> free_;  // a stack: the most recently freed slot is reused first (warm pages)
   std::vector<bool> in_use_;
+};
+
+// Copies of recurrent states at block boundaries, least recently used evicted first. The key is
+// the prefix cache's chain hash of the last block of the prefix the state summarizes
+// (BlockPool::chain_hash), so a hit on the blocks up to that boundary and a snapshot under its
+// hash together restore everything a request needs to skip the prefix.
+class StateSnapshotCache {
+ public:
+  // capacity snapshots of bytes_per_state each (either 0: disabled); memory is mapped lazily.
+  StateSnapshotCache(int32_t capacity, int64_t bytes_per_state);
+
+  bool enabled() const { return slots_.enabled() && slots_.num_slots() > 0; }
+  int32_t capacity() const { return slots_.num_slots(); }
+  int32_t size() const { return static_cast<int32_t>(entries_.size()); }
+  bool contains(uint64_t hash) const { return entries_.count(hash) > 0; }
+  // Stores a copy of `state` under `hash`, evicting the least recently used snapshot when full.
+  // A hash already stored is only marked recently used: equal prefixes have equal states.
+  void save(uint64_t hash, const uint8_t* state);
+  // Copies the snapshot under `hash` into `state` and marks it recently used; false if absent.
+  bool restore(uint64_t hash, uint8_t* state);
+
+  struct Counters {
+    int64_t saves = 0, restores = 0, evictions = 0;
+  };
+  const Counters& counters() const { return counters_; }
+  // Every entry holds a slot in use, exactly once, and sits once in the recency list.
+  void check_invariants() const;
+
+ private:
+  struct Entry {
+    int32_t slot;
+    std::list<uint64_t>::iterator recency;
+  };
+  StateSlotPool slots_;
+  std::list<uint64_t> recency_;  // front: most recently used
+  std::unordered_map<uint64_t, Entry> entries_;
+  Counters counters_;
 };
 
 }  // namespace moat

@@ -9,7 +9,8 @@ namespace moat {
 Scheduler::Scheduler(const SchedulerConfig& config)
     : config_(config),
       pool_(config.num_blocks, config.block_size),
-      state_pool_(config.state_bytes_per_request > 0 ? config.num_state_slots : 0, config.state_bytes_per_request) {
+      state_pool_(config.state_bytes_per_request > 0 ? config.num_state_slots : 0, config.state_bytes_per_request),
+      snapshots_(config.enable_prefix_caching ? config.num_state_snapshots : 0, config.state_bytes_per_request) {
   MOAT_CHECK(config.max_num_batched_tokens > 0 && config.max_num_seqs > 0, "empty token budget or sequence limit");
   MOAT_CHECK(config.state_bytes_per_request == 0 || config.num_state_slots > 0,
              "a model with recurrent state needs state slots");
@@ -85,25 +86,54 @@ void Scheduler::register_full_blocks(Request& r) {
 }
 
 // Takes every full block of the request's tokens that the prefix cache holds, up to one token
-// short of the whole sequence (the last token must be computed to get logits).
+// short of the whole sequence (the last token must be computed to get logits). With recurrent
+// state, only up to the deepest of those blocks whose end has a state snapshot; schedule()
+// restores it once the request has a slot.
 void Scheduler::admit_prefix(Request& r) {
   r.num_cached_tokens = 0;
-  // a recurrent state cannot start mid-sequence: the prefix's state is not cached
-  if (!config_.enable_prefix_caching || state_pool_.enabled() || r.num_computed_tokens > 0) return;
+  if (!config_.enable_prefix_caching || r.num_computed_tokens > 0) return;
+  if (state_pool_.enabled() && !snapshots_.enabled()) return;
   const int64_t B = config_.block_size;
   const int64_t max_blocks = (r.length() - 1) / B;
   std::vector<int32_t> tokens(static_cast<size_t>(B));
+  std::vector<uint64_t> hashes;
+  int64_t usable = 0;  // blocks to take
   for (int64_t k = 0; k < max_blocks; ++k) {
     for (int64_t i = 0; i < B; ++i) tokens[i] = r.token_at(k * B + i);
-    const uint64_t parent = k == 0 ? 0 : r.block_hashes[k - 1];
-    const uint64_t h = BlockPool::chain_hash(parent, tokens);
-    auto b = pool_.acquire_cached(h, tokens);
-    if (!b) break;
-    r.block_table.push_back(*b);
-    r.block_hashes.push_back(h);
+    const uint64_t h = BlockPool::chain_hash(k == 0 ? 0 : hashes.back(), tokens);
+    if (!pool_.has_cached(h, tokens)) break;
+    hashes.push_back(h);
+    if (!state_pool_.enabled() || snapshots_.contains(h)) usable = k + 1;
   }
-  r.num_computed_tokens = static_cast<int64_t>(r.block_table.size()) * B;
+  for (int64_t k = 0; k < usable; ++k) {
+    for (int64_t i = 0; i < B; ++i) tokens[i] = r.token_at(k * B + i);
+    const std::optional<int32_t> b = pool_.acquire_cached(hashes[k], tokens);
+    MOAT_CHECK(b.has_value(), "prefix block {} of request {} vanished between lookup and acquire", k, r.id);
+    r.block_table.push_back(*b);
+    r.block_hashes.push_back(hashes[k]);
+  }
+  if (usable < max_blocks) pool_.count_miss();
+  r.num_computed_tokens = usable * B;
   r.num_cached_tokens = std::min<int64_t>(r.num_computed_tokens, static_cast<int64_t>(r.prompt.size()));
+}
+
+int64_t Scheduler::snapshot_aligned(const Request& r, int64_t first, int64_t n) const {
+  if (!state_pool_.enabled() || !snapshots_.enabled()) return n;
+  const int64_t B = config_.block_size, end = first + n, known = r.length();
+  if (end < known) {  // the budget cut this chunk anyway: cut it on a boundary
+    const int64_t aligned = end / B * B;
+    return aligned > first ? aligned - first : n;
+  }
+  // The last chunk: stop where a later request with the same tokens would look for a snapshot.
+  const int64_t last_boundary = (known - 1) / B * B;
+  return first < last_boundary && last_boundary < end ? last_boundary - first : n;
+}
+
+void Scheduler::snapshot_state(Request& r) {
+  const int64_t B = config_.block_size, P = r.num_computed_tokens;
+  if (!snapshots_.enabled() || r.state_slot < 0 || P == 0 || P % B != 0) return;
+  if (static_cast<int64_t>(r.block_hashes.size()) < P / B) return;  // not registered (no caching)
+  snapshots_.save(r.block_hashes[P / B - 1], state_pool_.data(r.state_slot));
 }
 
 SchedulerOutput Scheduler::schedule() {
@@ -123,7 +153,8 @@ SchedulerOutput Scheduler::schedule() {
       r.spec_tokens.resize(static_cast<size_t>(keep));
     };
     drop_spec_beyond(spec);
-    int64_t n = std::min(known, budget) + spec;
+    int64_t n = spec > 0 ? std::min(known, budget) + spec
+                         : snapshot_aligned(r, r.num_computed_tokens, std::min(known, budget));
     bool fits = grow_blocks(r, r.num_computed_tokens + n);
     if (!fits && spec > 0) {  // give up the guess before taking blocks from anyone
       drop_spec_beyond(0);
@@ -154,9 +185,14 @@ SchedulerOutput Scheduler::schedule() {
          out.preempted.empty()) {
     Request& r = *waiting_.front();
     admit_prefix(r);
-    const int64_t n = std::min(r.length() - r.num_computed_tokens, budget);
+    const int64_t n = snapshot_aligned(r, r.num_computed_tokens, std::min(r.length() - r.num_computed_tokens, budget));
     std::optional<int32_t> slot;
-    if (state_pool_.enabled() && !(slot = state_pool_.allocate())) break;  // waits for a slot
+    if (state_pool_.enabled() && !(slot = state_pool_.allocate())) {  // waits for a slot
+      release_blocks(r);  // prefix blocks go back; they stay cached
+      r.num_computed_tokens = 0;
+      r.num_cached_tokens = 0;
+      break;
+    }
     if (!grow_blocks(r, r.num_computed_tokens + n)) {
       release_blocks(r);  // prefix blocks go back; they stay cached
       if (slot) state_pool_.release(*slot);
@@ -165,6 +201,9 @@ SchedulerOutput Scheduler::schedule() {
       break;
     }
     r.state_slot = slot.value_or(-1);
+    if (slot && r.num_computed_tokens > 0)
+      MOAT_CHECK(snapshots_.restore(r.block_hashes.back(), state_pool_.data(*slot)),
+                 "request {} took {} prefix tokens without a state snapshot at their end", r.id, r.num_computed_tokens);
     waiting_.pop_front();
     r.status = RequestStatus::running;
     running_.push_back(&r);
@@ -208,6 +247,7 @@ void Scheduler::update(const SchedulerOutput& out, std::span<const std::vector<i
     if (!samples) {
       r.num_computed_tokens = c.first + c.num_tokens;
       register_full_blocks(r);
+      snapshot_state(r);
       continue;
     }
     MOAT_CHECK(next < emitted.size(), "{} emitted token lists for more sampling chunks", emitted.size());
@@ -227,6 +267,7 @@ void Scheduler::update(const SchedulerOutput& out, std::span<const std::vector<i
       ++r.num_spec_steps;
     }
     register_full_blocks(r);  // reads the accepted guesses as spec tokens: they join output below
+    snapshot_state(r);        // the engine rewound the state to num_computed_tokens
     r.spec_tokens.clear();
     r.spec_probs.clear();
     for (const int32_t token : tokens) {
@@ -269,6 +310,7 @@ std::vector<std::unique_ptr<Request>> Scheduler::take_finished() {
 void Scheduler::check_invariants() const {
   pool_.check_invariants();
   state_pool_.check_invariants();
+  snapshots_.check_invariants();
   int32_t slots_held = 0;
   for (const auto& [id, r] : requests_) {
     if (r->state_slot < 0) continue;

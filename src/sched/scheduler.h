@@ -8,6 +8,10 @@
 //      and never stalls the streams that are decoding);
 //   2. then waiting requests, oldest first, while the budget, max_num_seqs and free blocks allow;
 //      on admission the prefix cache supplies every full block of the prompt it already holds.
+// Hybrid models (recurrent state beside the cache) snapshot the state whenever a step ends on a
+// block boundary; a prefix hit stops at the deepest boundary with a snapshot, which is copied into
+// the request's slot. So that a repeated prompt finds one, the last chunk of a prompt is cut at
+// its last block boundary (the prompt's remaining < block_size + 1 tokens run in the next step).
 // When a running request needs a block and none is free, the most recently admitted running
 // request is preempted: its blocks are released (full ones stay in the prefix cache) and it goes
 // back to the front of the waiting queue to be recomputed later, prompt and output together.
@@ -35,9 +39,12 @@ struct SchedulerConfig {
   int64_t max_model_len = 4096;          // prompt + output per request
   bool enable_prefix_caching = true;
   // Recurrent state per running request (kv/state_pool.h; 0 bytes: the model keeps none, as
-  // DeepSeek-V3). With state, admission also needs a free slot and prefix hits are not taken.
+  // DeepSeek-V3). With state, admission also needs a free slot, and a prefix hit also needs a
+  // snapshot of the state where the prefix ends: num_state_snapshots of them are kept (0: hybrid
+  // models take no prefix hits).
   int64_t state_bytes_per_request = 0;
   int32_t num_state_slots = 0;
+  int32_t num_state_snapshots = 0;
 };
 
 struct ScheduledChunk {
@@ -90,6 +97,7 @@ class Scheduler {
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   const BlockPool& block_pool() const { return pool_; }
   const StateSlotPool& state_pool() const { return state_pool_; }
+  const StateSnapshotCache& state_snapshots() const { return snapshots_; }
   // The model reads and advances running requests' states in their slots.
   StateSlotPool& state_pool() { return state_pool_; }
   // The model writes a running request's recurrent state here (nullptr without state).
@@ -107,11 +115,16 @@ class Scheduler {
   void preempt(Request& r);
   void admit_prefix(Request& r);
   void register_full_blocks(Request& r);
+  // Hybrid prefix caching: how many of n tokens from `first` to schedule so that a prefill chunk
+  // ends on a block boundary where it can; and the snapshot after a step that ended on one.
+  int64_t snapshot_aligned(const Request& r, int64_t first, int64_t n) const;
+  void snapshot_state(Request& r);
   void finish_request(Request& r, FinishReason reason);
 
   SchedulerConfig config_;
   BlockPool pool_;
   StateSlotPool state_pool_;
+  StateSnapshotCache snapshots_;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;   // admission order

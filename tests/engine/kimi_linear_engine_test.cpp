@@ -1,6 +1,6 @@
 // The engine over the Kimi Linear hybrid (tests/golden/tiny_kimi_linear): batching, chunked
 // prefill, preemption and speculative decoding (the KDA state rewound past rejected guesses)
-// change no token; prefix caching, which would need the state at the prefix's end, is declined.
+// change no token; prefix hits resume from snapshots of the state at block boundaries.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -106,17 +106,109 @@ TEST_F(KimiLinearEngineTest, StateSlotsBeyondTheAvailableMemoryAreRefusedAtCreat
   EXPECT_TRUE(fits.ok()) << fits.error().message;
 }
 
-// A prefix hit would skip tokens whose contribution to the state is not stored: the scheduler
-// takes none for a model with state, and the repeated prompt is computed again.
-TEST_F(KimiLinearEngineTest, NoPrefixHitsForAModelWithState) {
+// A prefix hit must also restore the state where the prefix ends. The scheduler snapshots the
+// state at block boundaries (cutting a prompt's last chunk at its last one), so a repeated prompt
+// resumes from the snapshot and generates what it generates computed from scratch.
+TEST_F(KimiLinearEngineTest, RepeatedPromptResumesFromTheStateSnapshot) {
+  const auto p = prompts()[3];  // 30 tokens: the last block boundary before its end is 28
+  auto fresh = engine({.block_size = 4, .enable_prefix_caching = false});
+  const uint64_t f = *fresh->add_request(greedy(p, 6));
+  const auto expected = testing::run_to_completion(*fresh)[f].tokens;
+
   auto e = engine({.block_size = 4, .enable_prefix_caching = true});
-  const auto p = prompts()[3];
-  const uint64_t a = *e->add_request(greedy(p, 4));
+  const uint64_t a = *e->add_request(greedy(p, 6));
   auto first = testing::run_to_completion(*e);
-  const uint64_t b = *e->add_request(greedy(p, 4));
+  EXPECT_EQ(first[a].tokens, expected);
+  EXPECT_EQ(first[a].last.cached_tokens, 0);
+  const uint64_t b = *e->add_request(greedy(p, 6));
   auto second = testing::run_to_completion(*e);
-  EXPECT_EQ(first[a].tokens, second[b].tokens);
-  EXPECT_EQ(second[b].last.cached_tokens, 0);
+  EXPECT_EQ(second[b].tokens, expected);
+  EXPECT_EQ(second[b].last.cached_tokens, 28);
+  EXPECT_EQ(e->scheduler().state_snapshots().counters().restores, 1);
+
+  // Without snapshots there is nothing to resume from: no hit, same tokens.
+  auto none = engine({.block_size = 4, .enable_prefix_caching = true, .prefix_state_snapshots = 0});
+  for (int i = 0; i < 2; ++i) {
+    const uint64_t id = *none->add_request(greedy(p, 6));
+    auto done = testing::run_to_completion(*none);
+    EXPECT_EQ(done[id].tokens, expected);
+    EXPECT_EQ(done[id].last.cached_tokens, 0);
+  }
+}
+
+// A conversation's next turn holds the previous turn's prompt and answer: it resumes from the
+// deepest snapshot the answer's decoding left (every block boundary a step ended on), not just
+// the prompt's.
+TEST_F(KimiLinearEngineTest, NextTurnResumesFromTheDeepestSnapshotOfThePreviousAnswer) {
+  const auto p = prompts()[3];
+  auto e = engine({.block_size = 4});
+  const uint64_t a = *e->add_request(greedy(p, 10));
+  auto first = testing::run_to_completion(*e);
+  // Computed: 30 prompt + 9 output tokens (the last one is sampled, never run): boundaries 32, 36.
+  std::vector<int32_t> turn = p;
+  turn.insert(turn.end(), first[a].tokens.begin(), first[a].tokens.end());
+  for (int32_t t : {7, 70, 170, 270, 370}) turn.push_back(t);
+
+  auto fresh = engine({.block_size = 4, .enable_prefix_caching = false});
+  const uint64_t f = *fresh->add_request(greedy(turn, 8));
+  const auto expected = testing::run_to_completion(*fresh)[f].tokens;
+  const uint64_t b = *e->add_request(greedy(turn, 8));
+  auto second = testing::run_to_completion(*e);
+  EXPECT_EQ(second[b].tokens, expected);
+  EXPECT_EQ(second[b].last.cached_tokens, 36);
+}
+
+// Snapshots are a bounded cache: the least recently used goes first, and a prefix whose
+// snapshot is gone is computed again (from the deepest snapshot left, or from scratch).
+TEST_F(KimiLinearEngineTest, EvictedSnapshotsCostRecomputationNeverTokens) {
+  const auto all = prompts();
+  auto e = engine({.block_size = 4, .prefix_state_snapshots = 2});
+  std::map<size_t, std::vector<int32_t>> expected;
+  for (size_t i : {3u, 4u}) {
+    auto fresh = engine({.block_size = 4, .enable_prefix_caching = false});
+    const uint64_t f = *fresh->add_request(greedy(all[i], 4));
+    expected[i] = testing::run_to_completion(*fresh)[f].tokens;
+  }
+  for (size_t i : {3u, 4u, 3u, 4u}) {
+    const uint64_t id = *e->add_request(greedy(all[i], 4));
+    auto done = testing::run_to_completion(*e);
+    EXPECT_EQ(done[id].tokens, expected[i]) << "prompt " << i;
+  }
+  // Each prompt leaves two snapshots (prompt 3: 28 and 32; prompt 4: 36 and 40), which evict the
+  // other's: no restore, and no stale one taken.
+  const auto& c = e->scheduler().state_snapshots().counters();
+  EXPECT_EQ(c.evictions, 6);
+  EXPECT_EQ(c.restores, 0);
+  EXPECT_EQ(e->scheduler().state_snapshots().size(), 2);
+}
+
+// Hybrid prefix caching with several requests at once, chunked prefill beside decoding and a
+// shared prompt: every request still generates what it generates alone.
+TEST_F(KimiLinearEngineTest, SharedPrefixesInABatchGenerateWhatEachGeneratesAlone) {
+  const auto base = prompts()[4];  // 39 tokens
+  std::vector<std::vector<int32_t>> ps;
+  for (int i = 0; i < 4; ++i) {
+    auto q = base;
+    for (int j = 0; j <= i; ++j) q.push_back(100 + 17 * i + j);
+    ps.push_back(q);
+  }
+  std::vector<std::vector<int32_t>> alone;
+  for (const auto& q : ps) {
+    auto fresh = engine({.block_size = 4, .enable_prefix_caching = false});
+    const uint64_t f = *fresh->add_request(greedy(q, 6));
+    alone.push_back(testing::run_to_completion(*fresh)[f].tokens);
+  }
+  auto e = engine({.block_size = 4, .max_num_batched_tokens = 12});
+  const uint64_t warm = *e->add_request(greedy(base, 2));
+  testing::run_to_completion(*e);
+  (void)warm;
+  std::vector<uint64_t> ids;
+  for (const auto& q : ps) ids.push_back(*e->add_request(greedy(q, 6)));
+  auto done = testing::run_to_completion(*e);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(done[ids[i]].tokens, alone[i]) << "request " << i;
+    EXPECT_GT(done[ids[i]].last.cached_tokens, 0) << "request " << i;
+  }
 }
 
 // Speculative decoding over a hybrid: verification runs k + 1 tokens through the KDA layers, and
