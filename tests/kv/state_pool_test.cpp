@@ -40,3 +40,51 @@ TEST(StateSlotPool, ZeroBytesIsDisabled) {
 
 }  // namespace
 }  // namespace moat
+
+namespace moat {
+namespace {
+
+std::vector<uint8_t> state_of(uint8_t fill) { return std::vector<uint8_t>(24, fill); }
+
+// Snapshots hold copies (a later change to the source state does not reach them), restore into
+// any buffer, and evict the least recently used, where a restore or a repeated save counts as use.
+TEST(StateSnapshotCache, CopiesRestoresAndEvictsTheLeastRecentlyUsed) {
+  StateSnapshotCache cache(2, 24);
+  ASSERT_TRUE(cache.enabled());
+  auto a = state_of(1), b = state_of(2), c = state_of(3);
+  cache.save(0xa, a.data());
+  cache.save(0xb, b.data());
+  a.assign(24, 9);  // the snapshot is a copy
+  std::vector<uint8_t> out(24, 0);
+  ASSERT_TRUE(cache.restore(0xa, out.data()));  // 0xa now the most recent
+  EXPECT_EQ(out, state_of(1));
+  cache.save(0xc, c.data());  // evicts 0xb
+  EXPECT_TRUE(cache.contains(0xa));
+  EXPECT_FALSE(cache.contains(0xb));
+  EXPECT_TRUE(cache.contains(0xc));
+  EXPECT_FALSE(cache.restore(0xb, out.data()));
+  cache.save(0xa, b.data());  // already held: refreshed, not overwritten
+  cache.save(0xd, c.data());  // evicts 0xc
+  EXPECT_TRUE(cache.contains(0xa));
+  EXPECT_FALSE(cache.contains(0xc));
+  ASSERT_TRUE(cache.restore(0xa, out.data()));
+  EXPECT_EQ(out, state_of(1));
+  EXPECT_EQ(cache.size(), 2);
+  EXPECT_EQ(cache.counters().evictions, 2);
+  EXPECT_EQ(cache.counters().saves, 4);
+  EXPECT_EQ(cache.counters().restores, 2);
+  cache.check_invariants();
+}
+
+TEST(StateSnapshotCache, NoCapacityOrNoStateIsDisabled) {
+  StateSnapshotCache none(0, 24), stateless(4, 0);
+  EXPECT_FALSE(none.enabled());
+  EXPECT_FALSE(stateless.enabled());
+  auto s = state_of(1);
+  none.save(1, s.data());
+  EXPECT_FALSE(none.contains(1));
+  none.check_invariants();
+}
+
+}  // namespace
+}  // namespace moat
