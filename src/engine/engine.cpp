@@ -61,16 +61,13 @@ Result<std::unique_ptr<Engine>> Engine::create(DeepseekModel& model, const Engin
         "KV cache's {} bytes exceeds the {} bytes of memory available; lower --max-num-seqs or --kv-memory",
         c.max_num_seqs, model.state_bytes_per_request(), state_bytes, bytes, available);
   // Snapshots of those states let hybrids take prefix-cache hits; they are a cache, so by default
-  // as many as fit beside the rest. Under tensor parallelism each rank holds its heads' share of a
-  // state and the workers do not mirror snapshots (yet): no hits there.
+  // as many as fit beside the rest. Under tensor parallelism each rank snapshots its heads' share
+  // (DeepseekModel::mirror_state_snapshot), so the sizes here are per rank too.
   int32_t snapshots = 0;
   if (const int64_t per_state = model.state_bytes_per_request(); per_state > 0 && c.enable_prefix_caching) {
     if (c.prefix_state_snapshots < -1)
       return make_error("--prefix-state-snapshots must be >= 0, got {}", c.prefix_state_snapshots);
-    if (model.tp_size() > 1) {
-      if (c.prefix_state_snapshots > 0)
-        return make_error("--prefix-state-snapshots: hybrid prefix caching does not run under tensor parallelism yet");
-    } else if (c.prefix_state_snapshots >= 0) {
+    if (c.prefix_state_snapshots >= 0) {
       snapshots = c.prefix_state_snapshots;
       if (available > 0 && bytes + state_bytes + snapshots * per_state > available)
         return make_error("--prefix-state-snapshots {} x {} bytes of recurrent state, with the KV cache and the running "
@@ -119,6 +116,11 @@ Result<std::unique_ptr<Engine>> Engine::create(DeepseekModel& model, const Engin
   sc.num_state_slots = sc.state_bytes_per_request > 0 ? c.max_num_seqs : 0;
   sc.num_state_snapshots = snapshots;
   e->scheduler_ = std::make_unique<Scheduler>(sc);
+  if (snapshots > 0 && model.tp_size() > 1)
+    e->scheduler_->set_snapshot_mirror([&model, pool = &e->scheduler_->state_pool(), snapshots](bool save, uint64_t hash,
+                                                                                              int32_t slot) {
+      model.mirror_state_snapshot(*pool, snapshots, save, hash, slot);
+    });
   return e;
 }
 

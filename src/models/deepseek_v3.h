@@ -183,6 +183,12 @@ class DeepseekModel {
   // if only those had run. Speculative decoding calls it when guesses were rejected.
   static constexpr int64_t kMaxStepTokens = 65;
   void rewind_state(int32_t seq, int64_t kept_tokens, StateSlotPool& states, int32_t slot) const;
+  // Hybrid prefix caching under tensor parallelism: rank 0's scheduler saved the state of `slot`
+  // under `hash` in its StateSnapshotCache of `capacity` (save), or restored it from there into
+  // `slot` (restore). Each worker does the same to its own share of the state in a mirror cache,
+  // in the same order, so both evict alike. A no-op without tensor parallelism or off rank 0.
+  void mirror_state_snapshot(const StateSlotPool& states, int32_t capacity, bool save, uint64_t hash,
+                             int32_t slot) const;
   // A cache for one sequence of up to `capacity` tokens (score, tests, benchmarks), with its
   // state slot when the model keeps state.
   SequenceCache new_sequence_cache(int64_t capacity, int32_t block_size = 64) const {
@@ -318,6 +324,8 @@ class DeepseekModel {
   std::vector<std::pair<uint64_t, std::unique_ptr<PagedLatentCache>>> tp_caches_;
   std::vector<std::pair<uint64_t, std::unique_ptr<StateSlotPool>>> tp_pools_;  // the same for state pools
   std::vector<uint64_t> tp_pool_ids_;  // workers: the pools' recency order
+  // Workers: mirrors of rank 0's state snapshot caches, by the id of the pool they snapshot.
+  std::vector<std::pair<uint64_t, std::unique_ptr<StateSnapshotCache>>> tp_snapshots_;
   std::vector<uint64_t> tp_cache_ids_, tp_evicted_ids_;
   std::vector<int64_t> kda_step_base_;
   std::vector<int32_t> kda_step_len_;

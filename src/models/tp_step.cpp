@@ -13,14 +13,18 @@ namespace {
 
 // Fixed-size, sent first: what to do, and the sizes of what follows.
 struct TpStepHeader {
-  int64_t command = 0;  // 0: forward, 1: shut down, 2: rewind a state slot (speculative decoding)
+  // 0: forward, 1: shut down, 2: rewind a state slot (speculative decoding), 3 / 4: save / restore
+  // a state snapshot (hybrid prefix caching)
+  int64_t command = 0;
   uint64_t cache_id = 0;
   int64_t cache_blocks = 0, block_size = 0, cache_layers = 0, cache_dim = 0, cache_dtype = 0;
   int64_t num_tokens = 0, num_sequences = 0, max_blocks = 0, num_logit_rows = 0;
   // Hybrid models: rank 0's state pool (each rank's slots hold its own heads' share)
   uint64_t pool_id = 0;
   int64_t pool_slots = 0, keep_step_states = 0;
-  int64_t rewind_seq = 0, rewind_kept = 0, rewind_slot = 0;  // command 2
+  int64_t rewind_seq = 0, rewind_kept = 0, rewind_slot = 0;  // command 2; rewind_slot for 3 and 4 too
+  uint64_t snapshot_hash = 0;                                  // commands 3 and 4
+  int64_t snapshot_capacity = 0;
 };
 
 // Workers keep this many caches (rank 0 makes one per engine, one per scored sequence); rank 0
@@ -112,6 +116,19 @@ void DeepseekModel::send_tp_rewind(const StateSlotPool& states, int32_t seq, int
   comm_->broadcast_idle(&h, sizeof(h), 0);
 }
 
+void DeepseekModel::mirror_state_snapshot(const StateSlotPool& states, int32_t capacity, bool save, uint64_t hash,
+                                          int32_t slot) const {
+  if (tp_ <= 1 || tp_rank_ != 0) return;
+  TpStepHeader h;
+  h.command = save ? 3 : 4;
+  h.pool_id = states.id();
+  h.pool_slots = states.num_slots();
+  h.rewind_slot = slot;
+  h.snapshot_hash = hash;
+  h.snapshot_capacity = capacity;
+  comm_->broadcast_idle(&h, sizeof(h), 0);
+}
+
 void DeepseekModel::send_tp_step(int64_t command, const ForwardBatch* batch, const PagedLatentCache* cache,
                                  const ForwardExtras* extras) {
   TpStepHeader h;
@@ -168,6 +185,31 @@ void DeepseekModel::run_tp_worker() {
       rewind_state(static_cast<int32_t>(h.rewind_seq), h.rewind_kept, *pool, static_cast<int32_t>(h.rewind_slot));
       continue;
     }
+    if (h.command == 3 || h.command == 4) {
+      // A save follows a step on the pool; a restore follows the save it reads.
+      StateSlotPool* pool = pool_of(h.pool_id);
+      MOAT_CHECK(pool != nullptr && pool->num_slots() == h.pool_slots, "state snapshot of a pool this rank never stepped");
+      auto it = std::find_if(tp_snapshots_.begin(), tp_snapshots_.end(), [&](const auto& e) { return e.first == h.pool_id; });
+      if (it == tp_snapshots_.end()) {
+        // Pools rank 0 made and dropped leave their snapshot caches behind: keep as many as pools.
+        if (tp_snapshots_.size() >= kMaxMirroredCaches) tp_snapshots_.erase(tp_snapshots_.begin());
+        tp_snapshots_.emplace_back(h.pool_id, std::make_unique<StateSnapshotCache>(
+                                                  static_cast<int32_t>(h.snapshot_capacity), state_bytes_per_request_));
+        it = std::prev(tp_snapshots_.end());
+      }
+      StateSnapshotCache& snapshots = *it->second;
+      MOAT_CHECK(snapshots.capacity() == h.snapshot_capacity, "rank 0's snapshot cache changed capacity");
+      const auto slot = static_cast<int32_t>(h.rewind_slot);
+      if (h.command == 3) {
+        MOAT_CHECK(pool->in_use(slot), "state snapshot of slot {}, which never ran here", slot);
+        snapshots.save(h.snapshot_hash, pool->data(slot));
+      } else {
+        pool->acquire(slot);  // the sequence starts past position 0, so the step will not take it
+        MOAT_CHECK(snapshots.restore(h.snapshot_hash, pool->data(slot)),
+                   "rank 0 restored a state snapshot this rank does not hold: the mirrors diverged");
+      }
+      continue;
+    }
     MOAT_CHECK(h.command == 0, "unknown tensor-parallel command {}", h.command);
     packed.resize(static_cast<size_t>(packed_size(h)));
     comm_->broadcast(packed.data(), static_cast<int64_t>(sizeof(int64_t) * packed.size()), 0);
@@ -192,7 +234,7 @@ void DeepseekModel::run_tp_worker() {
           [&] { return std::make_unique<StateSlotPool>(static_cast<int32_t>(h.pool_slots), state_bytes_per_request_); },
           [&](const StateSlotPool& p) { return p.num_slots() == h.pool_slots; });
       // A sequence that starts at position 0 starts from the zero state, as rank 0's freshly
-      // allocated slot does (hybrids take no prefix-cache hits); any other must be running here.
+      // allocated slot does; any other is running here or was restored from a snapshot (command 4).
       for (int32_t s = 0; s < batch.num_sequences(); ++s)
         if (batch.query_start[s + 1] > batch.query_start[s] && batch.positions[batch.query_start[s]] == 0)
           pool.acquire(batch.state_slots[s]);

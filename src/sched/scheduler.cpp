@@ -134,6 +134,7 @@ void Scheduler::snapshot_state(Request& r) {
   if (!snapshots_.enabled() || r.state_slot < 0 || P == 0 || P % B != 0) return;
   if (static_cast<int64_t>(r.block_hashes.size()) < P / B) return;  // not registered (no caching)
   snapshots_.save(r.block_hashes[P / B - 1], state_pool_.data(r.state_slot));
+  if (snapshot_mirror_) snapshot_mirror_(true, r.block_hashes[P / B - 1], r.state_slot);
 }
 
 SchedulerOutput Scheduler::schedule() {
@@ -201,9 +202,11 @@ SchedulerOutput Scheduler::schedule() {
       break;
     }
     r.state_slot = slot.value_or(-1);
-    if (slot && r.num_computed_tokens > 0)
+    if (slot && r.num_computed_tokens > 0) {
       MOAT_CHECK(snapshots_.restore(r.block_hashes.back(), state_pool_.data(*slot)),
                  "request {} took {} prefix tokens without a state snapshot at their end", r.id, r.num_computed_tokens);
+      if (snapshot_mirror_) snapshot_mirror_(false, r.block_hashes.back(), *slot);
+    }
     waiting_.pop_front();
     r.status = RequestStatus::running;
     running_.push_back(&r);

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <span>
 #include <unordered_map>
@@ -98,6 +99,11 @@ class Scheduler {
   const BlockPool& block_pool() const { return pool_; }
   const StateSlotPool& state_pool() const { return state_pool_; }
   const StateSnapshotCache& state_snapshots() const { return snapshots_; }
+  // Called after every save (true) and restore (false) of a state snapshot, with the hash and the
+  // request's slot: tensor parallelism repeats them on the worker ranks' shares of the state.
+  void set_snapshot_mirror(std::function<void(bool save, uint64_t hash, int32_t slot)> mirror) {
+    snapshot_mirror_ = std::move(mirror);
+  }
   // The model reads and advances running requests' states in their slots.
   StateSlotPool& state_pool() { return state_pool_; }
   // The model writes a running request's recurrent state here (nullptr without state).
@@ -125,6 +131,7 @@ class Scheduler {
   BlockPool pool_;
   StateSlotPool state_pool_;
   StateSnapshotCache snapshots_;
+  std::function<void(bool, uint64_t, int32_t)> snapshot_mirror_;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;   // admission order

@@ -263,6 +263,60 @@ TEST(TensorParallel, HybridEngineWithSpeculationEqualsOneRank) {
   }
 }
 
+// Hybrid prefix caching at TP N: rank 0's scheduler snapshots and restores states, and every
+// worker does the same to its heads' share in a mirror of the snapshot cache (evicting alike: a
+// cache of 3 snapshots is far too small for these requests). Repeated and extended prompts take
+// hits and still generate TP 1's greedy tokens.
+TEST(TensorParallel, HybridPrefixHitsRestoreEveryRanksShareOfTheState) {
+  if (!multi_rank()) GTEST_SKIP() << "run under mpirun -np 2 (or more)";
+  auto comm = world();
+  const auto dir = kRoot / "tests/golden/tiny_kimi_linear";
+  DeepseekModel::Options options = golden_options(comm);
+  auto loaded = DeepseekModel::load(dir, options);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+  if (comm->rank() > 0) {
+    (*loaded)->run_tp_worker();
+    return;
+  }
+  options.comm = nullptr;
+  auto one = DeepseekModel::load(dir, options);
+  ASSERT_TRUE(one.ok()) << one.error().message;
+  std::vector<int32_t> base;
+  for (int j = 0; j < 37; ++j) base.push_back((11 * j + 5) % 500);
+  std::vector<std::vector<int32_t>> rounds[2];
+  for (int i = 0; i < 4; ++i) {
+    auto p = base;
+    for (int j = 0; j <= i; ++j) p.push_back(100 + 13 * i + j);
+    rounds[0].push_back(p);
+    rounds[1].push_back(i % 2 ? p : base);  // repeats and the shared prefix alone
+  }
+  EngineConfig c;
+  c.max_model_len = 128;
+  c.kv_memory_bytes = 8 << 20;
+  c.block_size = 8;
+  c.max_num_batched_tokens = 24;
+  c.prefix_state_snapshots = 3;
+  EngineConfig uncached = c;
+  uncached.enable_prefix_caching = false;
+  auto e = Engine::create(**loaded, c, nullptr);
+  ASSERT_TRUE(e.ok()) << e.error().message;
+  int64_t cached = 0;
+  for (const auto& prompts : rounds) {
+    const auto single = generate_all(**one, uncached, prompts, 12);
+    ASSERT_EQ(single.size(), prompts.size());
+    std::vector<uint64_t> ids;
+    for (const auto& p : prompts) ids.push_back(*(*e)->add_request(testing::greedy(p, 12)));
+    auto done = testing::run_to_completion(**e);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      EXPECT_EQ(done[ids[i]].tokens, single[i]) << "request " << i << " at tp " << comm->size();
+      cached += done[ids[i]].last.cached_tokens;
+    }
+  }
+  EXPECT_GT(cached, 0);
+  EXPECT_GT((*e)->scheduler().state_snapshots().counters().restores, 0);
+  EXPECT_GT((*e)->scheduler().state_snapshots().counters().evictions, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Experts, TensorParallelEngine, ::testing::Bool(),
                          [](const auto& info) { return std::string(info.param ? "ep" : "tp"); });
 
