@@ -20,6 +20,8 @@
 #                            run includes it when LLAMA_CPP_DIR is set and leaves a note in its place when not.
 #   ONLY=kernels bench/run.sh reruns kernel_bench (the probes and every kernel row, ~10 minutes)
 #                            and replaces the kernel section in place
+#   ONLY=model bench/run.sh reruns the model decode and prefill rows (MODELS) and replaces them in place
+#   ONLY=spec bench/run.sh  reruns the speculative-decoding rows and replaces them in place
 #   ONLY=serve bench/run.sh reruns the engine-core rows and `moat serve` over HTTP, then the HTTP
 #                            overhead (bench/http_overhead.sh: engine core and server back to back,
 #                            OVERHEAD_REPS=3 pairs at concurrency 1 and 64, ~20 minutes), and replaces
@@ -37,7 +39,7 @@ ONLY=${ONLY:-}
 load_before=$(cut -d' ' -f1 /proc/loadavg)
 if [[ "$ONLY" == kimi ]]; then
   kernels=$("$BUILD_DIR/kernel_bench" --threads "$THREADS" --kda-only --markdown)
-elif [[ "$ONLY" == serve || "$ONLY" == tp || "$ONLY" == peer ]]; then
+elif [[ "$ONLY" == serve || "$ONLY" == tp || "$ONLY" == peer || "$ONLY" == model || "$ONLY" == spec ]]; then
   kernels=""
 else
   kernels=$("$BUILD_DIR/kernel_bench" --threads "$THREADS" --markdown)
@@ -54,7 +56,7 @@ load_after=$(cut -d' ' -f1 /proc/loadavg)
 MODELS=${MODELS:-models/k3-nano checkpoints/bench checkpoints/bench-fp8}
 # Kimi-Linear-48B-shaped hybrid (4 layers: KDA x 3 then MLA, 64 routed experts in MXFP4); KIMI= skips it.
 KIMI=${KIMI-checkpoints/bench-kimi}
-[[ "$ONLY" == serve || "$ONLY" == tp || "$ONLY" == peer || "$ONLY" == kernels ]] && KIMI=""
+[[ -n "$ONLY" && "$ONLY" != kimi ]] && KIMI=""
 if [[ -n "$KIMI" && ! -f "$KIMI/config.json" ]]; then
   /usr/bin/python3 tools/make_checkpoint.py --preset bench-kimi --out "$KIMI" --shards 3 >/dev/null
 fi
@@ -82,7 +84,14 @@ model_benchmarks() {
   done
 }
 model_rows=""
-[[ -n "$ONLY" ]] || model_rows=$(model_benchmarks)
+[[ -z "$ONLY" || "$ONLY" == model ]] && model_rows=$(model_benchmarks)
+model_section() {
+  echo "<!-- bench/run.sh section: model (ONLY=model bench/run.sh regenerates it alone) -->"
+  echo
+  echo "$model_rows"
+  echo
+  echo "<!-- end of section: model -->"
+}
 
 # Kimi Linear (bench/model_bench.cpp on the hybrid): decode bytes per token against the measured
 # bandwidth (weights with MXFP4 experts at their packed size + KDA state read and written + MLA
@@ -236,6 +245,10 @@ if [[ "$ONLY" == kernels ]]; then
   replace_only_section kernels kernel_section "## Model decode and prefill" \
     "replaced the kernel section of $OUT (load average $load_before before the kernel run, $load_after after)"
 fi
+if [[ "$ONLY" == model ]]; then
+  replace_only_section model model_section "## Side by side with llama.cpp (same weights)" \
+    "replaced the model decode and prefill rows of $OUT"
+fi
 
 if [[ "$ONLY" == kimi ]]; then
   [[ -n "$kimi_decode_rows" ]] || { echo "ONLY=kimi: no Kimi checkpoint at '$KIMI'" >&2; exit 1; }
@@ -334,7 +347,8 @@ engine_benchmarks() {
       --max-num-batched-tokens 256 --markdown
   done
 }
-engine_rows=$(engine_benchmarks)
+engine_rows=""
+[[ "$ONLY" == spec ]] || engine_rows=$(engine_benchmarks)
 
 # Speculative decoding at one stream (bench/spec_bench.cpp): the shipped pair with its draft and
 # n-gram lookup at one thread, and n-gram on the bench checkpoint at ENGINE_THREADS, each next to
@@ -351,7 +365,18 @@ spec_benchmarks() {
   fi
 }
 spec_rows=""
-[[ -n "$ONLY" ]] || spec_rows=$(spec_benchmarks)
+[[ -z "$ONLY" || "$ONLY" == spec ]] && spec_rows=$(spec_benchmarks)
+spec_section() {
+  echo "<!-- bench/run.sh section: spec (ONLY=spec bench/run.sh regenerates it alone) -->"
+  echo
+  echo "$spec_rows"
+  echo
+  echo "<!-- end of section: spec -->"
+}
+if [[ "$ONLY" == spec ]]; then
+  replace_only_section spec spec_section "## Kimi Linear (hybrid KDA + MLA, MXFP4 experts)" \
+    "replaced the speculative-decoding rows of $OUT"
+fi
 
 # moat serve over HTTP (bench/serve_bench.sh: moat bench against moat serve on the bench
 # checkpoint, the engine_bench workload: 2 requests per stream), and the HTTP overhead against
@@ -452,7 +477,7 @@ fi
   echo "a TLB miss per page, ~20% of decode speed on this VM). \`in memory\` reads the checkpoint into"
   echo "anonymous huge-page memory (\`--no-mmap\`): the same RSS."
   echo
-  echo "$model_rows"
+  model_section
   echo
   peer_section
   echo
@@ -490,7 +515,7 @@ fi
   echo "compute-bound, so k + 1 tokens cost nearly k + 1 times one: speculation pays when one decode"
   echo "step is bandwidth-bound and the guesses are cheap and right."
   echo
-  echo "$spec_rows"
+  spec_section
   if [[ -n "$kimi_decode_rows" ]]; then
     kimi_section
   fi
