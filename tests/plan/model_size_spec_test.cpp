@@ -23,7 +23,8 @@ TEST(ModelSizeFromSpec, TotalsEqualTheCheckpoints) {
   const fs::path root = MOAT_SOURCE_DIR;
   int checked = 0;
   // tiny_fp8 is block-scaled fp8 with bf16 embeddings, norms and router, as plan's fp8 assumes;
-  // the others are bf16 throughout.
+  // models/k3-nano is K3-shaped: MXFP4 routed experts, the rest bf16 (F32 KDA vectors); the
+  // others are bf16 throughout.
   for (const fs::path dir : {root / "tests/golden/tiny_qlora", root / "tests/golden/tiny_v2lite",
                              root / "tests/golden/tiny_fp8", root / "models/k3-nano"}) {
     if (!fs::exists(dir / "config.json")) continue;
@@ -39,10 +40,13 @@ TEST(ModelSizeFromSpec, TotalsEqualTheCheckpoints) {
       if (is_mtp(name, config->num_hidden_layers)) continue;
       const TensorInfo* t = ckpt->find(name);
       // plan counts every non-Linear tensor as bf16; the checkpoints (like DeepSeek-V3's) keep
-      // e_score_correction_bias in fp32: E x layers x 2 bytes short (31 KB of V3's 671 GB).
-      const bool f32_bias = name.ends_with("e_score_correction_bias") && t->dtype == DType::F32;
+      // e_score_correction_bias in fp32: E x layers x 2 bytes short (31 KB of V3's 671 GB), and
+      // k3-nano (like tiny_k3) KDA's A_log, dt_bias, short-conv weights and o_norm (30 KB here).
+      const bool f32_bias = t->dtype == DType::F32 && !name.ends_with("_scale_inv");
       bytes += static_cast<double>(t->numel() * (f32_bias ? 2 : static_cast<int64_t>(dtype_size(t->dtype))));
-      if (!name.ends_with("_scale_inv")) params += static_cast<double>(t->numel());
+      // 4-bit experts: two values a byte in weight_packed; weight_scale (one per 32) like _scale_inv.
+      if (name.ends_with(".weight_packed")) params += 2.0 * static_cast<double>(t->numel());
+      else if (!name.ends_with("_scale_inv") && !name.ends_with(".weight_scale")) params += static_cast<double>(t->numel());
     }
     EXPECT_EQ(size->total_params, params);
     EXPECT_EQ(size->weight_bytes[static_cast<int>(size->default_precision)], bytes);
