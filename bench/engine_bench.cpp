@@ -35,6 +35,7 @@ struct Args {
   int64_t prompt_tokens = 128, output_tokens = 64;
   int requests_per_stream = 2;
   int64_t max_num_batched_tokens = 0;  // 0: the engine's default
+  bool no_prefix_caching = false;       // hybrids: no state snapshots, so prompts are not cut at a block boundary
   bool markdown = false;
 };
 
@@ -58,6 +59,7 @@ Level run_level(DeepseekModel& model, int concurrency, const Args& a, double ban
   cfg.max_model_len = a.prompt_tokens + a.output_tokens;
   cfg.max_num_seqs = concurrency;
   if (a.max_num_batched_tokens > 0) cfg.max_num_batched_tokens = a.max_num_batched_tokens;
+  cfg.enable_prefix_caching = !a.no_prefix_caching;
   cfg.kv_memory_bytes = model.cache_shape().bytes_per_token() * cfg.max_model_len * concurrency * 5 / 4 + (64 << 20);
   auto engine = Engine::create(model, cfg);
   if (!engine) {
@@ -162,6 +164,7 @@ int main(int argc, char** argv) {
     else if (s == "--requests-per-stream") a.requests_per_stream = std::stoi(next());
     else if (s == "--max-num-batched-tokens") a.max_num_batched_tokens = std::stoll(next());
     else if (s == "--markdown") a.markdown = true;
+    else if (s == "--no-prefix-caching") a.no_prefix_caching = true;
     else if (s == "--concurrency") {
       a.concurrency.clear();
       std::stringstream ss(next());
@@ -200,7 +203,8 @@ int main(int argc, char** argv) {
     return L.decode_step_ms > 0 ? 100.0 * (1000.0 * L.concurrency / L.roofline_tps) / L.decode_step_ms : 0.0;
   };
   const std::string label =
-      a.max_num_batched_tokens > 0 ? a.model + " (budget " + std::to_string(a.max_num_batched_tokens) + ")" : a.model;
+      (a.max_num_batched_tokens > 0 ? a.model + " (budget " + std::to_string(a.max_num_batched_tokens) + ")" : a.model) +
+      (a.no_prefix_caching ? " (no prefix caching)" : "");
   if (a.markdown) {
     for (const Level& L : levels)
       std::printf("| %s | %d | %d | %ld | %.1f | %.2f | %.0f / %.0f | %.0f / %.0f | %.1f (%s) | %.0f%% | %.0f / %.0f | %.0f%% |\n",
