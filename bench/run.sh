@@ -464,7 +464,7 @@ fi
   echo "mapping, or the --no-mmap copy). On this VM that differs run to run by where the memory landed:"
   echo "a fully 2 MiB-mapped page-cache file has read at 11 GB/s while a fresh buffer read at 16 GB/s (host"
   echo "paging the guest cannot see); both are shown. prefill = bf16 peak / (2 x active params x 512, the lm_head"
-  echo "once, + absorbed attention FLOPs). k3-nano (16 MiB) fits in the caches, so its DRAM roofline is only indicative."
+  echo "once, + absorbed attention FLOPs). k3-nano (11 MiB) fits in the caches, so its DRAM roofline is only indicative."
   echo "RSS ratio = peak RSS / (checkpoint + KV pool); weights are mmapped, not copied."
   echo "\`default\` activations (OpTable::set_exact_activations: per model): fp32-accurate where that is free (decode on"
   echo "bf16 weights: bf16 hi + lo, two dot products per weight vector, still bandwidth-bound), rounded"
