@@ -15,6 +15,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <span>
 
 #include "dist/communicator.h"
@@ -224,23 +225,39 @@ TEST_P(TensorParallelEngine, GreedyTokensEqualOneRank) {
   }
 }
 
+// tiny_kimi_linear at TP N and, on rank 0, at TP 1 too. The other ranks serve rank 0's steps
+// until it shuts the model down, and get nullopt.
+std::optional<std::pair<std::unique_ptr<DeepseekModel>, std::unique_ptr<DeepseekModel>>> hybrid_at_tp_and_one_rank(
+    const std::shared_ptr<Communicator>& comm) {
+  const auto dir = kRoot / "tests/golden/tiny_kimi_linear";
+  DeepseekModel::Options options = golden_options(comm);
+  auto tp = DeepseekModel::load(dir, options);
+  if (!tp.ok()) {
+    ADD_FAILURE() << tp.error().message;
+    return std::nullopt;
+  }
+  if (comm->rank() > 0) {
+    (*tp)->run_tp_worker();
+    return std::nullopt;
+  }
+  options.comm = nullptr;
+  auto one = DeepseekModel::load(dir, options);
+  if (!one.ok()) {
+    ADD_FAILURE() << one.error().message;
+    return std::nullopt;
+  }
+  return std::make_pair(std::move(tp).value(), std::move(one).value());
+}
+
 // Kimi Linear at TP N: each rank keeps its KDA heads' state in its own mirror of rank 0's state
 // pool; batched, chunked requests, and speculation wrong at each position in turn (every rank
 // rewinds its share of the state), generate TP 1's greedy tokens.
 TEST(TensorParallel, HybridEngineWithSpeculationEqualsOneRank) {
   if (!multi_rank()) GTEST_SKIP() << "run under mpirun -np 2 (or more)";
   auto comm = world();
-  const auto dir = kRoot / "tests/golden/tiny_kimi_linear";
-  DeepseekModel::Options options = golden_options(comm);
-  auto loaded = DeepseekModel::load(dir, options);
-  ASSERT_TRUE(loaded.ok()) << loaded.error().message;
-  if (comm->rank() > 0) {
-    (*loaded)->run_tp_worker();
-    return;
-  }
-  options.comm = nullptr;
-  auto one = DeepseekModel::load(dir, options);
-  ASSERT_TRUE(one.ok()) << one.error().message;
+  auto models = hybrid_at_tp_and_one_rank(comm);
+  if (!models) return;  // a worker rank, done serving rank 0's steps (or the load failed)
+  auto& [loaded, one] = *models;
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 5; ++i) {
     std::vector<int32_t> p;
@@ -252,9 +269,9 @@ TEST(TensorParallel, HybridEngineWithSpeculationEqualsOneRank) {
   c.kv_memory_bytes = 8 << 20;
   c.block_size = 16;
   c.max_num_batched_tokens = 32;
-  const auto single = generate_all(**one, c, prompts, 20);
-  const auto tp = generate_all(**loaded, c, prompts, 20);
-  const auto tp_speculative = generate_all(**loaded, c, prompts, 20, &single);
+  const auto single = generate_all(*one, c, prompts, 20);
+  const auto tp = generate_all(*loaded, c, prompts, 20);
+  const auto tp_speculative = generate_all(*loaded, c, prompts, 20, &single);
   ASSERT_EQ(tp.size(), single.size());
   ASSERT_EQ(tp_speculative.size(), single.size());
   for (size_t i = 0; i < tp.size(); ++i) {
@@ -270,17 +287,9 @@ TEST(TensorParallel, HybridEngineWithSpeculationEqualsOneRank) {
 TEST(TensorParallel, HybridPrefixHitsRestoreEveryRanksShareOfTheState) {
   if (!multi_rank()) GTEST_SKIP() << "run under mpirun -np 2 (or more)";
   auto comm = world();
-  const auto dir = kRoot / "tests/golden/tiny_kimi_linear";
-  DeepseekModel::Options options = golden_options(comm);
-  auto loaded = DeepseekModel::load(dir, options);
-  ASSERT_TRUE(loaded.ok()) << loaded.error().message;
-  if (comm->rank() > 0) {
-    (*loaded)->run_tp_worker();
-    return;
-  }
-  options.comm = nullptr;
-  auto one = DeepseekModel::load(dir, options);
-  ASSERT_TRUE(one.ok()) << one.error().message;
+  auto models = hybrid_at_tp_and_one_rank(comm);
+  if (!models) return;  // a worker rank, done serving rank 0's steps (or the load failed)
+  auto& [loaded, one] = *models;
   std::vector<int32_t> base;
   for (int j = 0; j < 37; ++j) base.push_back((11 * j + 5) % 500);
   std::vector<std::vector<int32_t>> rounds[2];
@@ -298,11 +307,11 @@ TEST(TensorParallel, HybridPrefixHitsRestoreEveryRanksShareOfTheState) {
   c.prefix_state_snapshots = 3;
   EngineConfig uncached = c;
   uncached.enable_prefix_caching = false;
-  auto e = Engine::create(**loaded, c, nullptr);
+  auto e = Engine::create(*loaded, c, nullptr);
   ASSERT_TRUE(e.ok()) << e.error().message;
   int64_t cached = 0;
   for (const auto& prompts : rounds) {
-    const auto single = generate_all(**one, uncached, prompts, 12);
+    const auto single = generate_all(*one, uncached, prompts, 12);
     ASSERT_EQ(single.size(), prompts.size());
     std::vector<uint64_t> ids;
     for (const auto& p : prompts) ids.push_back(*(*e)->add_request(testing::greedy(p, 12)));
