@@ -326,6 +326,7 @@ class DeepseekModel {
   std::vector<uint64_t> tp_pool_ids_;  // workers: the pools' recency order
   // Workers: mirrors of rank 0's state snapshot caches, by the id of the pool they snapshot.
   std::vector<std::pair<uint64_t, std::unique_ptr<StateSnapshotCache>>> tp_snapshots_;
+  std::vector<uint64_t> tp_snapshot_ids_;  // their recency order
   std::vector<uint64_t> tp_cache_ids_, tp_evicted_ids_;
   std::vector<int64_t> kda_step_base_;
   std::vector<int32_t> kda_step_len_;

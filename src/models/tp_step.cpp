@@ -88,8 +88,9 @@ uint64_t touch(std::vector<uint64_t>& ids, uint64_t id) {
   return evicted;
 }
 
-// A worker's mirror of rank 0's object `id` (a latent cache or a state pool), made by make() when
-// absent or when keep(existing) says it no longer matches; kept in touch()'s order and bounded alike.
+// A worker's mirror of rank 0's object `id` (a latent cache, a state pool or a pool's snapshot
+// cache), made by make() when absent or when keep(existing) says it no longer matches; kept in
+// touch()'s order and bounded alike.
 template <class T, class Make, class Keep>
 T& mirror_of(std::vector<std::pair<uint64_t, std::unique_ptr<T>>>& mirrors, std::vector<uint64_t>& ids, uint64_t id,
              Make make, Keep keep) {
@@ -189,16 +190,13 @@ void DeepseekModel::run_tp_worker() {
       // A save follows a step on the pool; a restore follows the save it reads.
       StateSlotPool* pool = pool_of(h.pool_id);
       MOAT_CHECK(pool != nullptr && pool->num_slots() == h.pool_slots, "state snapshot of a pool this rank never stepped");
-      auto it = std::find_if(tp_snapshots_.begin(), tp_snapshots_.end(), [&](const auto& e) { return e.first == h.pool_id; });
-      if (it == tp_snapshots_.end()) {
-        // Pools rank 0 made and dropped leave their snapshot caches behind: keep as many as pools.
-        if (tp_snapshots_.size() >= kMaxMirroredCaches) tp_snapshots_.erase(tp_snapshots_.begin());
-        tp_snapshots_.emplace_back(h.pool_id, std::make_unique<StateSnapshotCache>(
-                                                  static_cast<int32_t>(h.snapshot_capacity), state_bytes_per_request_));
-        it = std::prev(tp_snapshots_.end());
-      }
-      StateSnapshotCache& snapshots = *it->second;
-      MOAT_CHECK(snapshots.capacity() == h.snapshot_capacity, "rank 0's snapshot cache changed capacity");
+      StateSnapshotCache& snapshots = mirror_of(
+          tp_snapshots_, tp_snapshot_ids_, h.pool_id,
+          [&] {
+            return std::make_unique<StateSnapshotCache>(static_cast<int32_t>(h.snapshot_capacity),
+                                                        state_bytes_per_request_);
+          },
+          [&](const StateSnapshotCache& c) { return c.capacity() == h.snapshot_capacity; });
       const auto slot = static_cast<int32_t>(h.rewind_slot);
       if (h.command == 3) {
         MOAT_CHECK(pool->in_use(slot), "state snapshot of slot {}, which never ran here", slot);

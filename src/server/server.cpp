@@ -108,9 +108,7 @@ struct OpenAIServer::Generation {
   // Waits up to `wait` for outputs and hands each to `on_output(choice, out)`.
   template <class F>
   void pump(std::chrono::milliseconds wait, F&& on_output) {
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      // Read before the streams are looked at: an output pushed after the look rings past it.
-      const uint64_t seen = signal->rings();
+    auto drain = [&] {
       bool got = false;
       for (Choice& c : choices) {
         while (!c.finished) {
@@ -121,9 +119,13 @@ struct OpenAIServer::Generation {
           on_output(c, *out);
         }
       }
-      if (got || attempt == 1) return;
-      signal->wait(seen, wait);
-    }
+      return got;
+    };
+    // Read before the streams are looked at: an output pushed after the look rings past it.
+    const uint64_t seen = signal->rings();
+    if (drain()) return;
+    signal->wait(seen, wait);
+    drain();
   }
 
   // Bookkeeping every output needs, whatever the response format.
@@ -335,8 +337,6 @@ struct OpenAIServer::Generation {
 
   // Streams SSE until every choice finished or the client left. Returns false when it left.
   bool run_stream(httplib::DataSink& sink) {
-    // A client that leaves while tokens flow is seen by the next write; this timeout only bounds
-    // how long one that leaves while its request waits goes unnoticed.
     auto write = [&](const std::string& s) {
       if (s.empty()) return true;
       if (!sink.is_writable() || !sink.write(s.data(), s.size())) {
@@ -348,6 +348,8 @@ struct OpenAIServer::Generation {
     if (!write(stream_open())) return false;
     while (!all_finished()) {
       std::string batch;
+      // A client that leaves while tokens flow is seen by the next write; kIdleCheck only bounds
+      // how long one that leaves while its request waits goes unnoticed.
       pump(kIdleCheck, [&](Choice& c, const RequestOutput& out) { batch += stream_chunks(c, out); });
       if (batch.empty() ? !sink.is_writable() : !write(batch)) {
         client_gone = true;
