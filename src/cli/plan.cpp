@@ -23,6 +23,8 @@ namespace {
 struct PlanArgs {
   std::string model, context, precision, kv_dtype = "bf16", hardware, chart, hardware_file, model_file;
   int64_t concurrency = 1;
+  int64_t prefix_state_snapshots = 0;
+  CLI::Option* prefix_state_snapshots_flag = nullptr;  // count() 0: not given, the engine's default
   std::vector<std::string> prices;
   bool json = false, all = false;
   double headroom = 0.1, efficiency = 0.6;
@@ -114,6 +116,7 @@ Status run_estimate(const PlanArgs& a) {
     o.precision = p;
   }
   o.kv_dtype = a.kv_dtype;
+  if (a.prefix_state_snapshots_flag->count() > 0) o.prefix_state_snapshots = a.prefix_state_snapshots;
   o.headroom = a.headroom;
   o.efficiency = a.efficiency;
   for (const std::string& p : a.prices) {
@@ -225,6 +228,9 @@ void setup(CLI::App& sub, int& exit_code) {
   sub.add_option("--chart", a.chart, "Write a memory chart (.png or .svg)");
   sub.add_option("--hardware-file", a.hardware_file, "Extra GPUs (same schema as data/hardware.json)");
   sub.add_option("--model-file", a.model_file, "Extra models (same schema as data/models.json)");
+  a.prefix_state_snapshots_flag = sub.add_option("--prefix-state-snapshots", a.prefix_state_snapshots,
+                 "Hybrid models: prefix-cache state snapshots per GPU, as the engine's flag; default: the engine's "
+                 "(2 x concurrency, at most a quarter of the memory left after the KV cache)");
   sub.add_option("--headroom", a.headroom, "Fraction of HBM kept for activations and runtime")->capture_default_str();
   sub.add_option("--efficiency", a.efficiency, "Fraction of HBM bandwidth decode achieves")->capture_default_str();
   sub.add_option("--measured", a.measured, "`moat bench` JSON result(s): print the measured cost table");

@@ -5,6 +5,7 @@
 #include <random>
 #include <sstream>
 
+#include "kv/state_pool.h"
 #include "loader/safetensors.h"
 #include "runner/model_runner.h"
 #include "spec/draft_proposer.h"
@@ -74,9 +75,9 @@ Result<std::unique_ptr<Engine>> Engine::create(DeepseekModel& model, const Engin
                           "requests' states, exceeds the {} bytes of memory available",
                           snapshots, per_state, available);
     } else {
-      int64_t fit = 2 * static_cast<int64_t>(c.max_num_seqs);
-      if (available > 0) fit = std::min(fit, std::max<int64_t>(0, (available - bytes - state_bytes) / 4 / per_state));
-      snapshots = static_cast<int32_t>(fit);
+      snapshots = static_cast<int32_t>(default_state_snapshots(
+          c.max_num_seqs, per_state,
+          available > 0 ? std::optional<int64_t>(available - bytes - state_bytes) : std::nullopt));
     }
   }
 

@@ -4,6 +4,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "base/check.h"
@@ -112,6 +113,14 @@ void StateSnapshotCache::check_invariants() const {
     MOAT_CHECK(slots_.in_use(e.slot) && !seen[static_cast<size_t>(e.slot)], "snapshot slot {} free or shared", e.slot);
     seen[static_cast<size_t>(e.slot)] = true;
   }
+}
+
+int64_t default_state_snapshots(int64_t max_num_seqs, int64_t per_state_bytes, std::optional<int64_t> leftover_bytes) {
+  MOAT_CHECK(max_num_seqs >= 0 && per_state_bytes > 0, "snapshots for {} requests of {} bytes of state", max_num_seqs,
+             per_state_bytes);
+  const int64_t wanted = 2 * max_num_seqs;
+  if (!leftover_bytes) return wanted;
+  return std::min(wanted, std::max<int64_t>(0, *leftover_bytes / 4 / per_state_bytes));
 }
 
 }  // namespace moat

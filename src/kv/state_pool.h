@@ -95,4 +95,13 @@ class StateSnapshotCache {
   Counters counters_;
 };
 
+// How many snapshots a StateSnapshotCache holds when --prefix-state-snapshots is not given.
+// Engine::create sizes the cache with it and `moat plan` counts the cache's memory with it, so the
+// two agree. Two per running request: room for each one's prompt-end snapshot and its answer's
+// latest, what a repeated prompt and a conversation's next turn resume from. The snapshots only
+// save recomputation, so they take at most a quarter of leftover_bytes (the memory left after the
+// KV cache and the running requests' states; negative: none), leaving the rest to everything else;
+// nullopt leftover (memory unknown): no cap. per_state_bytes > 0, per rank under tensor parallelism.
+int64_t default_state_snapshots(int64_t max_num_seqs, int64_t per_state_bytes, std::optional<int64_t> leftover_bytes);
+
 }  // namespace moat

@@ -36,7 +36,8 @@ void draw(cairo_t* cr, double width, double height, const std::vector<PlanRow>& 
   const double pw = width - left - right, ph = height - top - bottom;
   double ymax = 1;
   for (const auto& r : rows)
-    ymax = std::max({ymax, r.hbm_gb_per_gpu, r.weights_gb_per_gpu + r.kv_gb_per_gpu + r.state_gb_per_gpu + r.headroom_gb_per_gpu});
+    ymax = std::max({ymax, r.hbm_gb_per_gpu, r.weights_gb_per_gpu + r.kv_gb_per_gpu + r.state_gb_per_gpu + r.snapshot_gb_per_gpu +
+                            r.headroom_gb_per_gpu});
   const double step = grid_step(ymax * 1.05, 6);
   ymax = std::ceil(ymax * 1.05 / step) * step;
   auto Y = [&](double gb) { return top + ph - gb / ymax * ph; };
@@ -78,7 +79,7 @@ void draw(cairo_t* cr, double width, double height, const std::vector<PlanRow>& 
       base += gb;
     };
     segment(r.weights_gb_per_gpu, kWeights);
-    segment(r.kv_gb_per_gpu + r.state_gb_per_gpu, kKv);
+    segment(r.kv_gb_per_gpu + r.state_gb_per_gpu + r.snapshot_gb_per_gpu, kKv);  // hybrids: + states, snapshots
     segment(r.headroom_gb_per_gpu, kHeadroom);
     // This GPU's HBM, wider than the bar so it reads as a limit.
     cairo_set_source_rgb(cr, kHbm.r, kHbm.g, kHbm.b);

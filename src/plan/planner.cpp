@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kv/state_pool.h"
 #include "models/op_needs.h"
 #include "ops/registry.h"
 
@@ -18,6 +19,8 @@ Status validate(const PlanOptions& o) {
   if (!(o.efficiency > 0 && o.efficiency <= 1))
     return make_error("--efficiency: expected a fraction of peak bandwidth in (0, 1], got {}", o.efficiency);
   MOAT_TRY(kv_dtype_bytes(o.kv_dtype));
+  if (o.prefix_state_snapshots && *o.prefix_state_snapshots < 0)
+    return make_error("--prefix-state-snapshots: expected >= 0 snapshots, got {}", *o.prefix_state_snapshots);
   for (const auto& [gpu, usd] : o.prices)
     if (!(usd >= 0) || !std::isfinite(usd))
       return make_error("--price {}={}: expected a non-negative price in USD per GPU-hour", gpu, usd);
@@ -131,17 +134,37 @@ Result<Plan> make_plan(const ModelSize& model, const std::vector<HardwareSpec>& 
       r.state_gb_per_gpu = state / 1e9;
       const double free = h.hbm_gb * 1e9 - weights - headroom - state;
       r.free_gb_per_gpu = free / 1e9;
-      r.kv_gb_per_gpu = r.kv_bytes_per_token * tokens / 1e9;
-      r.max_kv_tokens = free > 0 && r.kv_bytes_per_token > 0
-                            ? static_cast<int64_t>(std::floor(free / r.kv_bytes_per_token))
-                            : 0;
+      const double kv_at_context = r.kv_bytes_per_token * tokens;
+      r.kv_gb_per_gpu = kv_at_context / 1e9;
+      // Hybrids' prefix-cache state snapshots, counted by the engine's own rule (Engine::create),
+      // with what this GPU has left after the KV at context x concurrency as its leftover memory.
+      // A cache: by default it takes only what is left, so it never makes a layout not fit, but the
+      // KV pool is what remains beside it. An explicit count must fit, as the engine requires.
+      double snapshot_bytes = 0;
+      if (state_per_request > 0) {
+        const int64_t per_state = std::max<int64_t>(1, std::llround(state_per_request));
+        r.state_snapshots = o.prefix_state_snapshots.value_or(default_state_snapshots(
+            o.concurrency, per_state, static_cast<int64_t>(std::floor(free - kv_at_context))));
+        snapshot_bytes = static_cast<double>(r.state_snapshots) * state_per_request;
+        r.snapshot_gb_per_gpu = snapshot_bytes / 1e9;
+      }
+      auto kv_tokens_in = [&](double bytes) {
+        return bytes > 0 && r.kv_bytes_per_token > 0 ? static_cast<int64_t>(std::floor(bytes / r.kv_bytes_per_token))
+                                                      : int64_t{0};
+      };
+      r.max_kv_tokens = kv_tokens_in(free - snapshot_bytes);
       if (free <= 0) {
         r.why_not = fmt::format("weights {:.1f} GB + headroom {:.1f} GB{} exceed {:.0f} GB HBM", weights / 1e9,
                                 headroom / 1e9, state > 0 ? fmt::format(" + state {:.1f} GB", state / 1e9) : "",
                                 h.hbm_gb);
-      } else if (static_cast<double>(r.max_kv_tokens) < tokens) {
+      } else if (static_cast<double>(kv_tokens_in(free)) < tokens) {
         r.why_not = fmt::format("KV for {} tokens ({} x {}) needs {:.1f} GB, {:.1f} GB free", static_cast<int64_t>(tokens), o.context, o.concurrency,
                                 r.kv_gb_per_gpu, free / 1e9);
+      } else if (static_cast<double>(r.max_kv_tokens) < tokens) {
+        r.why_not = fmt::format("KV for {} tokens ({} x {}) needs {:.1f} GB and {} prefix-state snapshots "
+                                "(--prefix-state-snapshots) {:.1f} GB, {:.1f} GB free",
+                                static_cast<int64_t>(tokens), o.context, o.concurrency, r.kv_gb_per_gpu,
+                                r.state_snapshots, r.snapshot_gb_per_gpu, free / 1e9);
       } else {
         r.fits = true;
       }
@@ -213,6 +236,8 @@ json row_to_json(const PlanRow& r) {
   j["free_gb_per_gpu"] = r.free_gb_per_gpu;
   j["kv_bytes_per_token"] = r.kv_bytes_per_token;
   j["kv_gb_per_gpu"] = r.kv_gb_per_gpu;
+  j["state_snapshots"] = r.state_snapshots;
+  j["snapshot_gb_per_gpu"] = r.snapshot_gb_per_gpu;
   j["max_kv_tokens"] = r.max_kv_tokens;
   j["fits"] = r.fits;
   j["why_not"] = r.fits ? json(nullptr) : json(r.why_not);
@@ -269,9 +294,16 @@ void print_plan(std::FILE* out, const Plan& plan, const std::vector<PlanRow>& ro
     fmt::print(out, "KV cache: {} layers x 2 x {} kv heads x {} x {} B ({}) = {} bytes/token, kv heads split across ranks\n",
                m.kv_layers, m.num_key_value_heads, m.head_dim, kv_size, o.kv_dtype,
                with_commas(static_cast<int64_t>(m.kv_bytes_per_token_per_gpu(1, kv_size))));
-  if (m.state_bytes_per_request > 0)
+  const bool hybrid = m.state_bytes_per_request > 0;
+  if (hybrid) {
     fmt::print(out, "Recurrent state: {} per request{}\n", bytes_text(m.state_bytes_per_request),
                m.state_split_by_tp ? ", split across ranks" : "");
+    fmt::print(out, "Prefix-cache state snapshots: {}; max KV tokens is what remains beside them\n",
+               o.prefix_state_snapshots
+                   ? fmt::format("{} per GPU (--prefix-state-snapshots)", *o.prefix_state_snapshots)
+                   : std::string("the engine's default, 2 x concurrency capped at a quarter of the memory left "
+                                 "after the KV at context"));
+  }
   fmt::print(out, "Request: context {} tokens x concurrency {}; headroom {:.0f}% of HBM; decode efficiency {:.2f} of "
                   "HBM bandwidth; attention kernels from the {} registry\n",
              with_commas(o.context), o.concurrency, o.headroom * 100, o.efficiency, ops::backend_name(o.backend));
@@ -283,14 +315,20 @@ void print_plan(std::FILE* out, const Plan& plan, const std::vector<PlanRow>& ro
     for (const auto& e : m.estimated) list += (list.empty() ? "" : ", ") + e;
     fmt::print(out, "Estimated catalog figures: {}\n", list);
   }
-  fmt::print(out, "\n{:<9} {:>4} {:>5} {:>4} {:>5} {:>4} {:>10} {:>9} {:>9} {:>14} {:>4} {:>11} {:>11} {:>7} {:>8}\n",
-             "GPU", "GPUs", "nodes", "TP", "heads", "pad", "weights/GPU", "free/GPU", "KV@ctx/GPU", "max KV tokens",
-             "fits", "tok/s/strm", "agg tok/s", "$/GPU-h", "$/Mtok");
+  // Hybrids get a snapshots column (count and their bytes per GPU); other models' table is unchanged.
+  fmt::print(out, "\n{:<9} {:>4} {:>5} {:>4} {:>5} {:>4} {:>10} {:>9} {:>9}{} {:>14} {:>4} {:>11} {:>11} {:>7} {:>8}\n",
+             "GPU", "GPUs", "nodes", "TP", "heads", "pad", "weights/GPU", "free/GPU", "KV@ctx/GPU",
+             hybrid ? fmt::format(" {:>17}", "snapshots/GPU") : "", "max KV tokens", "fits", "tok/s/strm",
+             "agg tok/s", "$/GPU-h", "$/Mtok");
   for (const PlanRow& r : rows) {
-    fmt::print(out, "{:<9} {:>4} {:>5} {:>4} {:>5} {:>4} {:>8.1f}GB {:>7.1f}GB {:>7.1f}GB {:>14} {:>4} {:>11} {:>11} {:>7.2f} {:>8}\n",
+    fmt::print(out, "{:<9} {:>4} {:>5} {:>4} {:>5} {:>4} {:>8.1f}GB {:>7.1f}GB {:>7.1f}GB{} {:>14} {:>4} {:>11} {:>11} {:>7.2f} {:>8}\n",
                r.hardware_name, r.gpus, r.nodes, r.tp, r.heads_per_rank,
                r.attention_pad_to ? std::to_string(*r.attention_pad_to) : "-", r.weights_gb_per_gpu,
-               r.free_gb_per_gpu, r.kv_gb_per_gpu, with_commas(r.max_kv_tokens), r.fits ? "yes" : "no",
+               r.free_gb_per_gpu, r.kv_gb_per_gpu,
+               hybrid ? fmt::format(" {:>17}", fmt::format("{} = {}", r.state_snapshots,
+                                                           bytes_text(r.snapshot_gb_per_gpu * 1e9)))
+                      : "",
+               with_commas(r.max_kv_tokens), r.fits ? "yes" : "no",
                opt_text(r.decode_tps_per_stream_est, "{:.1f}"), opt_text(r.aggregate_tps_est, "{:.1f}"),
                r.price_per_gpu_hour, opt_text(r.usd_per_mtok_est, "{:.2f}"));
   }

@@ -28,6 +28,9 @@ struct PlanOptions {
   std::vector<int64_t> tp_degrees = {1, 2, 4, 8, 16};
   std::map<std::string, double> prices;  // hardware id -> USD per GPU-hour (overrides the catalog)
   ops::Backend backend = ops::Backend::cpu;  // whose kernels answer the padding question
+  // Hybrids: prefix-cache state snapshots per GPU, as the engine's --prefix-state-snapshots; unset:
+  // the engine's default (default_state_snapshots, with concurrency as --max-num-seqs).
+  std::optional<int64_t> prefix_state_snapshots;
 };
 
 // Validates the options; errors name the flag.
@@ -50,7 +53,12 @@ struct PlanRow {
   double free_gb_per_gpu = 0;         // HBM - weights - headroom - state (may be negative)
   double kv_bytes_per_token = 0;      // per GPU
   double kv_gb_per_gpu = 0;           // at context x concurrency
-  int64_t max_kv_tokens = 0;          // per GPU pool, shared by all requests
+  // Hybrids' prefix-cache state snapshots (0 for models without recurrent state): the engine's
+  // default count, sized from what is left after the KV at context x concurrency, or the
+  // --prefix-state-snapshots option; each holds one request's per-GPU share of state.
+  int64_t state_snapshots = 0;
+  double snapshot_gb_per_gpu = 0;     // state_snapshots x per-request state per GPU
+  int64_t max_kv_tokens = 0;          // per GPU pool, shared by all requests: (free - snapshots) / KV per token
   bool fits = false;
   std::string why_not;                // when !fits
   // Estimates, unset when the model does not fit.

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "engine/engine.h"
+#include "kv/state_pool.h"
 #include "loader/safetensors.h"
 #include "spec/draft_proposer.h"
 #include "spec/proposer.h"
@@ -104,6 +105,33 @@ TEST_F(KimiLinearEngineTest, StateSlotsBeyondTheAvailableMemoryAreRefusedAtCreat
             std::string::npos)
       << refused.error().message;
   EXPECT_TRUE(fits.ok()) << fits.error().message;
+}
+
+// `moat plan` counts the snapshots' memory with default_state_snapshots: the engine must size its
+// cache with the same rule (2 x --max-num-seqs, at most a quarter of the memory left after the KV
+// cache and the running states).
+TEST_F(KimiLinearEngineTest, DefaultSnapshotCountIsTheRulePlanCountsWith) {
+  const int64_t state = model_->state_bytes_per_request();
+  const int64_t kv = 8 << 20;
+  EngineConfig c;
+  c.max_model_len = 128;
+  c.kv_memory_bytes = kv;
+  c.max_num_seqs = 8;
+  // 22 states' worth left beside the KV cache and 8 running states: a quarter is 5.5, so 5.
+  set_mem_available_for_testing(static_cast<uint64_t>(kv + 8 * state + 22 * state));
+  auto capped = Engine::create(*model_, c, nullptr);
+  // Plenty left: the full 2 x 8.
+  set_mem_available_for_testing(static_cast<uint64_t>(kv + 8 * state + 1000 * state));
+  auto roomy = Engine::create(*model_, c, nullptr);
+  set_mem_available_for_testing(std::nullopt);
+  ASSERT_TRUE(capped.ok()) << capped.error().message;
+  ASSERT_TRUE(roomy.ok()) << roomy.error().message;
+  EXPECT_EQ((*capped)->scheduler().state_snapshots().capacity(), 5);
+  EXPECT_EQ(default_state_snapshots(8, state, 22 * state), 5);
+  EXPECT_EQ((*roomy)->scheduler().state_snapshots().capacity(), 16);
+  EXPECT_EQ(default_state_snapshots(8, state, 1000 * state), 16);
+  EXPECT_EQ(default_state_snapshots(8, state, std::nullopt), 16);  // memory unknown: no cap
+  EXPECT_EQ(default_state_snapshots(8, state, -state), 0);          // nothing left: none
 }
 
 // A prefix hit must also restore the state where the prefix ends. The scheduler snapshots the

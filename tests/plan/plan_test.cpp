@@ -2,10 +2,15 @@
 // counts from a published config.json and the errors users see.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <tuple>
 #include <filesystem>
 #include <fstream>
 
+#include "kv/state_pool.h"
 #include "plan/catalog.h"
 #include "plan/chart.h"
 #include "plan/measured.h"
@@ -338,7 +343,8 @@ TEST(Json, RowsCarryTheDocumentedSchema) {
   ASSERT_EQ(j.size(), 10u);  // 2 GPUs x TP 1, 2, 4, 8, 16
   for (const json& r : j) {
     for (const char* f : {"hardware", "gpus", "nodes", "tp", "heads_per_rank", "attention_pad_to",
-                          "weights_gb_per_gpu", "kv_bytes_per_token", "max_kv_tokens", "fits",
+                          "weights_gb_per_gpu", "kv_bytes_per_token", "state_snapshots", "snapshot_gb_per_gpu",
+                          "max_kv_tokens", "fits",
                           "decode_tps_per_stream_est", "usd_per_mtok_est"})
       EXPECT_TRUE(r.contains(f)) << f;
     EXPECT_TRUE(r["fits"].is_boolean());
@@ -347,6 +353,158 @@ TEST(Json, RowsCarryTheDocumentedSchema) {
     if (r["fits"].get<bool>()) EXPECT_TRUE(r["usd_per_mtok_est"].is_number());
     else EXPECT_TRUE(r["decode_tps_per_stream_est"].is_null());
   }
+}
+
+// Hybrids' prefix-cache state snapshots, counted as Engine::create counts them.
+
+Plan hybrid_plan(const std::string& model, const std::string& gpus, int64_t context, int64_t concurrency,
+                 std::optional<int64_t> snapshots = std::nullopt) {
+  PlanOptions o;
+  o.context = context;
+  o.concurrency = concurrency;
+  o.prefix_state_snapshots = snapshots;
+  auto hw = select_hardware(hardware(), gpus);
+  EXPECT_TRUE(hw.ok()) << hw.error().message;
+  auto plan = make_plan(catalog_model(model), *hw, o);
+  EXPECT_TRUE(plan.ok()) << plan.error().message;
+  return *plan;
+}
+
+// One request's state on one GPU of a TP group (KDA heads split across ranks).
+double state_per_gpu(const Plan& plan, const PlanRow& r) { return plan.model.state_bytes_per_request / r.tp; }
+
+double free_bytes(const PlanRow& r) { return r.free_gb_per_gpu * 1e9; }
+
+TEST(Snapshots, DefaultCountIsTheEngineRuleOnKimiLinearAndK3) {
+  for (const auto& [model, context, concurrency] :
+       {std::tuple<const char*, int64_t, int64_t>{"kimi-linear", 8192, 4}, {"kimi-linear", 1 << 20, 64},
+        {"kimi-k3", 1 << 20, 1}, {"kimi-k3", 131072, 16}}) {
+    Plan plan = hybrid_plan(model, "h100,b200,b300", context, concurrency);
+    for (const PlanRow& r : plan.rows) {
+      if (r.heads_per_rank == 0) continue;  // a TP degree the model's heads do not divide by
+      SCOPED_TRACE(fmt::format("{} {} TP{} context {} x {}", model, r.hardware, r.tp, context, concurrency));
+      const double per_state = state_per_gpu(plan, r);
+      const int64_t leftover = static_cast<int64_t>(std::floor(free_bytes(r) - r.kv_gb_per_gpu * 1e9));
+      // The engine's rule, spelled out: 2 x max_num_seqs, at most a quarter of what is left.
+      const int64_t expected =
+          std::min<int64_t>(2 * concurrency, std::max<int64_t>(0, leftover / 4 / std::llround(per_state)));
+      EXPECT_EQ(r.state_snapshots, expected);
+      EXPECT_EQ(r.state_snapshots, default_state_snapshots(concurrency, std::llround(per_state), leftover));
+      EXPECT_NEAR(r.snapshot_gb_per_gpu * 1e9, r.state_snapshots * per_state, 1e-3);
+    }
+  }
+  // With room to spare the count is the full 2 x concurrency, each a per-GPU share of a state.
+  Plan roomy = hybrid_plan("kimi-linear", "b300", 8192, 4);
+  const PlanRow& r = row(roomy, "b300", 2);
+  EXPECT_EQ(r.state_snapshots, 8);
+  EXPECT_DOUBLE_EQ(r.snapshot_gb_per_gpu * 1e9, 8 * roomy.model.state_bytes_per_request / 2);
+}
+
+TEST(Snapshots, DefaultCountIsCappedAtAQuarterOfTheMemoryLeft) {
+  // Pick a context that leaves 22 states' worth of memory beside the KV of 8 requests: a quarter
+  // of it is 5.5 states, so 5 snapshots, not 2 x 8 = 16.
+  const int64_t concurrency = 8;
+  Plan probe = hybrid_plan("kimi-linear", "b300", 4096, concurrency);
+  const PlanRow& p = row(probe, "b300", 1);
+  const double per_state = state_per_gpu(probe, p);
+  const int64_t context =
+      static_cast<int64_t>(std::floor((free_bytes(p) - 22 * per_state) / (p.kv_bytes_per_token * concurrency)));
+  Plan plan = hybrid_plan("kimi-linear", "b300", context, concurrency);
+  const PlanRow& r = row(plan, "b300", 1);
+  EXPECT_TRUE(r.fits) << r.why_not;
+  EXPECT_EQ(r.state_snapshots, 5);
+  // Snapshots are a cache: when the KV itself does not fit there are none, and the reason is the KV.
+  Plan tight = hybrid_plan("kimi-linear", "b300", context + 64, concurrency * 2);
+  const PlanRow& t = row(tight, "b300", 1);
+  EXPECT_FALSE(t.fits);
+  EXPECT_EQ(t.state_snapshots, 0);
+  EXPECT_EQ(t.why_not.find("snapshot"), std::string::npos) << t.why_not;
+}
+
+TEST(Snapshots, MaxKvTokensLeavesExactlyTheSnapshotsBytes) {
+  Plan plan = hybrid_plan("kimi-k3", "b300", 131072, 4);
+  Plan none = hybrid_plan("kimi-k3", "b300", 131072, 4, 0);
+  for (int64_t tp : {8, 16}) {
+    const PlanRow& r = row(plan, "b300", tp);
+    const PlanRow& n = row(none, "b300", tp);
+    ASSERT_EQ(r.state_snapshots, 8) << "TP" << tp;
+    EXPECT_EQ(n.state_snapshots, 0);
+    EXPECT_DOUBLE_EQ(n.snapshot_gb_per_gpu, 0);
+    const double snapshot_bytes = 8 * state_per_gpu(plan, r);
+    EXPECT_EQ(n.max_kv_tokens, static_cast<int64_t>(std::floor(free_bytes(n) / n.kv_bytes_per_token)));
+    EXPECT_EQ(r.max_kv_tokens,
+              static_cast<int64_t>(std::floor((free_bytes(r) - snapshot_bytes) / r.kv_bytes_per_token)));
+    EXPECT_LT(r.max_kv_tokens, n.max_kv_tokens);
+    EXPECT_DOUBLE_EQ(r.free_gb_per_gpu, n.free_gb_per_gpu);  // free is before the KV pool and the snapshots
+  }
+}
+
+TEST(Snapshots, AnExplicitCountMustFitOrTheLayoutDoesNot) {
+  Plan fits = hybrid_plan("kimi-linear", "h200", 8192, 4, 100);
+  const PlanRow& f = row(fits, "h200", 1);
+  EXPECT_TRUE(f.fits) << f.why_not;
+  EXPECT_EQ(f.state_snapshots, 100);  // more than the default's 8: the option is taken as given
+  EXPECT_NEAR(f.snapshot_gb_per_gpu * 1e9, 100 * fits.model.state_bytes_per_request, 1e-3);
+  // More snapshots than the memory the KV at context leaves: no fit, and the reason names them.
+  const int64_t too_many = static_cast<int64_t>(f.free_gb_per_gpu * 1e9 / fits.model.state_bytes_per_request);
+  Plan over = hybrid_plan("kimi-linear", "h200", 8192, 4, too_many);
+  const PlanRow& o = row(over, "h200", 1);
+  EXPECT_FALSE(o.fits);
+  EXPECT_FALSE(o.decode_tps_per_stream_est);
+  EXPECT_NE(o.why_not.find("snapshots"), std::string::npos) << o.why_not;
+  EXPECT_NE(o.why_not.find("--prefix-state-snapshots"), std::string::npos) << o.why_not;
+  EXPECT_LT(o.max_kv_tokens, 8192 * 4);
+}
+
+TEST(Snapshots, NegativeCountIsRefusedNamingTheFlag) {
+  PlanOptions o;
+  o.context = 4096;
+  o.prefix_state_snapshots = -1;
+  auto plan = make_plan(catalog_model("kimi-linear"), hardware(), o);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.error().message.find("--prefix-state-snapshots"), std::string::npos) << plan.error().message;
+}
+
+// DeepSeek has no recurrent state: no snapshots, whatever the option says, and the same KV pool.
+TEST(Snapshots, DeepSeekRowsAreUnchanged) {
+  for (std::optional<int64_t> snapshots : {std::optional<int64_t>(), std::optional<int64_t>(50)}) {
+    Plan plan = hybrid_plan("deepseek-v3", "h200,b300", 32768, 8, snapshots);
+    for (const PlanRow& r : plan.rows) {
+      EXPECT_EQ(r.state_snapshots, 0) << r.hardware << " TP" << r.tp;
+      EXPECT_DOUBLE_EQ(r.snapshot_gb_per_gpu, 0);
+      if (r.free_gb_per_gpu > 0) {
+        EXPECT_EQ(r.max_kv_tokens, static_cast<int64_t>(std::floor(free_bytes(r) / r.kv_bytes_per_token)));
+      }
+    }
+  }
+}
+
+std::string printed(const Plan& plan) {
+  char* text = nullptr;
+  size_t size = 0;
+  std::FILE* out = open_memstream(&text, &size);
+  print_plan(out, plan, plan.rows, true);
+  std::fclose(out);
+  std::string s(text, size);
+  std::free(text);
+  return s;
+}
+
+TEST(Snapshots, TableShowsThemForHybridsOnlyAndJsonAlways) {
+  Plan hybrid = hybrid_plan("kimi-linear", "b300", 8192, 4);
+  const std::string h = printed(hybrid);
+  EXPECT_NE(h.find("snapshots/GPU"), std::string::npos) << h;
+  EXPECT_NE(h.find("Prefix-cache state snapshots: the engine's default"), std::string::npos) << h;
+  EXPECT_NE(h.find("8 = 359.1 MB"), std::string::npos) << h;  // TP1: 8 x 44.9 MB
+  const std::string d = printed(hybrid_plan("deepseek-v3", "b300", 8192, 4));
+  EXPECT_EQ(d.find("snapshot"), std::string::npos) << d;
+  for (const json& r : plan_to_json(hybrid.rows)) {
+    EXPECT_TRUE(r["state_snapshots"].is_number_integer());
+    EXPECT_TRUE(r["snapshot_gb_per_gpu"].is_number());
+  }
+  const json j = row_to_json(row(hybrid, "b300", 1));
+  EXPECT_EQ(j["state_snapshots"], 8);
+  EXPECT_DOUBLE_EQ(j["snapshot_gb_per_gpu"].get<double>(), 8 * hybrid.model.state_bytes_per_request / 1e9);
 }
 
 TEST(Chart, WritesPngAndSvg) {
