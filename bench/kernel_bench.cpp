@@ -388,21 +388,18 @@ int main(int argc, char** argv) {
       for (const Shape& s : decode_only ? std::span<const Shape>(decode_shapes) : std::span<const Shape>(shapes)) {
         if (decode_only && dtype == DType::F8_E4M3 && s.N > 4096) continue;  // the lm_head stays bf16
         Weights w = make_weights(dtype, s.N, s.K, kLlcSpan);
-        // bf16 weights: T = 512 twice, accurate (x split into bf16 hi + lo, the default) and fast
-        // prefill (x rounded to bf16 once: MatmulPrecision::split_max_tokens). fp8 weights: x
-        // rounded to bf16 (W8A16, the default) and exact (split: MatmulPrecision::fp8_split).
+        // T = 1 (decode) and 512 (prefill), each in the default precision (x rounded to bf16 for
+        // the bf16 kernel's dot products: W16A16 / W8A16) and, for that kernel, exact (x split
+        // into bf16 hi + lo: fp32-accurate, `moat --exact`). Other kernels are fp32-accurate always.
         struct Variant {
           int64_t T;
-          bool fast, exact;
+          bool exact;
         };
-        const bool fp8 = dtype == DType::F8_E4M3;
-        for (auto [T, fast, exact] : {Variant{1, false, false}, Variant{1, false, true}, Variant{512, false, false},
-                                      Variant{512, true, false}, Variant{512, false, true}}) {
+        for (auto [T, exact] : {Variant{1, false}, Variant{1, true}, Variant{512, false}, Variant{512, true}}) {
           const bool is_bf16_kernel = k->name == "cpu.matmul_avx512bf16";
-          if ((fast || exact) && !is_bf16_kernel) continue;
-          if (exact != (exact && fp8) || (fast && fp8)) continue;  // exact: fp8 only; fast = default for fp8
+          if (exact && !is_bf16_kernel) continue;
           if (decode_only && T > 1) continue;
-          const MatmulPrecision precision{fast ? 16 : std::numeric_limits<int64_t>::max(), exact};
+          const MatmulPrecision precision = exact ? MatmulPrecision::exact() : MatmulPrecision{};
           std::vector<float> x(static_cast<size_t>(T * s.K)), y(static_cast<size_t>(T * s.N));
           for (float& v : x) v = dist(rng);
           if (threads == thread_counts.front() && T == 1) {  // correctness before speed
@@ -422,7 +419,7 @@ int main(int argc, char** argv) {
           }, T == 1 ? 0.5 : 1.5);
           const std::string what = std::string("matmul ") + std::string(dtype_name(dtype)) + " " +
                                    std::to_string(s.N) + "x" + std::to_string(s.K) + " T=" +
-                                   std::to_string(T) + (fast ? " fast" : "") + (exact ? " exact" : "") + " (" + tt + ")";
+                                   std::to_string(T) + (exact ? " exact" : "") + " (" + tt + ")";
           if (T == 1) {
             const double gbs = static_cast<double>(w.copies[0].bytes()) / sec / 1e9;
             rows.push_back({what, k->name, gbs, bw, 100 * gbs / bw, "GB/s"});

@@ -225,10 +225,10 @@ kernel_section() {
   echo
   echo "$kernels"
   echo
-  echo "cpu.matmul_avx512bf16 rows without a suffix split bf16-weight activations into bf16 hi + lo (two"
-  echo "dot products per weight vector, fp32-accurate) and round them to bf16 against fp8 weights (W8A16)."
-  echo '`fast` rows round bf16-weight activations to bf16 once (normalized error ~4e-3, twice the dot-product'
-  echo 'rate: the default for prefill); `exact` rows split them against fp8 weights too (`moat --exact`).'
+  echo "cpu.matmul_avx512bf16 rows without a suffix run moat's default: activations rounded to bf16 once"
+  echo "(normalized error ~4e-3; W16A16, W8A16, W4A16, as llama.cpp and GPU engines run). \`exact\` rows split them"
+  echo "into bf16 hi + lo (two dot products per weight vector, fp32-accurate: \`moat --exact\`, the golden tests' mode)."
+  echo "The other kernels are fp32-accurate always."
   echo "fp8 block scales always multiply fp32 partial sums."
   echo
   echo "Prefill GEMM: moat uses its own AVX-512 BF16 kernel (cpu.matmul_avx512bf16) for T > 1 too;"
@@ -294,10 +294,10 @@ peer_section() {
     echo "(tile_bf16<4, 1, true>); kernel_bench --decode-only reads every one of the bench checkpoint's decode shapes at"
     echo "85-99% of the bandwidth probe in isolation, and a timer around each GEMV inside the model read 80-92% of"
     echo "kernel_bench's figure for the same shape (the lm_head lowest), so a decode token moves its bytes at ~70-85% of the"
-    echo "probe. The hi + lo split of the activations is free there (bf16-rounded activations at decode, one dot product"
-    echo "per weight as llama.cpp runs, measured 1-5% faster: noise). llama.cpp reaches ~75% of the same probe at one"
-    echo "thread; decode rows of either engine move by 10-15% between runs on this VM, which is the size of the 1-thread"
-    echo "bf16 margin."
+    echo "probe. Decode rounds activations to bf16 (one dot product per weight, as llama.cpp runs): decode steps"
+    echo "alternating with the fp32-accurate hi + lo split in one process ran 0-10% faster (mean +5% over 5 runs at one"
+    echo "thread). Decode rows of either engine move by 10-15% between runs on this VM, the size of the 1-thread bf16"
+    echo "margin."
   fi
   echo
   echo "<!-- end of section: peer -->"
@@ -466,10 +466,10 @@ fi
   echo "paging the guest cannot see); both are shown. prefill = bf16 peak / (2 x active params x 512, the lm_head"
   echo "once, + absorbed attention FLOPs). k3-nano (11 MiB) fits in the caches, so its DRAM roofline is only indicative."
   echo "RSS ratio = peak RSS / (checkpoint + KV pool); weights are mmapped, not copied."
-  echo "\`default\` activations (OpTable::set_exact_activations: per model): fp32-accurate where that is free (decode on"
-  echo "bf16 weights: bf16 hi + lo, two dot products per weight vector, still bandwidth-bound), rounded"
-  echo "to bf16 in prefill and against fp8 weights (W8A16), as GPU engines run them. \`exact\` rows"
-  echo "(\`--exact\`, what the golden tests hold to 1e-3) keep every matmul fp32-accurate: prefill does"
+  echo "\`default\` activations (OpTable::set_exact_activations: per model): rounded to bf16 once for the bf16 dot"
+  echo "products (W16A16, W8A16, W4A16), as llama.cpp and GPU engines run them. \`exact\` rows"
+  echo "(\`--exact\`, what the golden tests hold to 1e-3) keep every matmul fp32-accurate (x split into bf16 hi + lo,"
+  echo "two dot products per weight vector): prefill does"
   echo "twice the dot products (so at most ~50% of the bf16 peak in useful FLOPs) and the fp8 decode"
   echo "GEMV becomes compute-bound. \`mmap\` maps the checkpoint (the"
   echo "default, zero copy) at a 2 MiB-aligned address and populates it at load, so the page cache's 2 MiB"

@@ -57,9 +57,9 @@ class OpTable {
     MOAT_CHECK(fn != nullptr, "matmul for {} was not resolved at load time", dtype_name(w.dtype));
     fn(x, T, w, y, precision_);
   }
-  // Default: fp32-accurate activations only where free (decode on bf16 weights); bf16 in prefill
-  // and against fp8 weights (W8A16), as GPU engines run. Exact: fp32-accurate everywhere, what the
-  // golden tests hold to 1e-3 against the reference; ~2x the prefill time, ~1.3x fp8 decode.
+  // Default: activations rounded to bf16 for the bf16 dot products (W16A16, W8A16, W4A16), as
+  // llama.cpp and GPU engines run. Exact: fp32-accurate everywhere (hi + lo split), what the golden
+  // tests hold to 1e-3 against the reference; ~2x the prefill time, ~1.05x bf16 and ~1.3x fp8 decode.
   void set_exact_activations(bool exact) { precision_ = exact ? MatmulPrecision::exact() : MatmulPrecision{}; }
   const MatmulPrecision& matmul_precision() const { return precision_; }
   void rms_norm(const float* x, const float* w, int64_t T, int64_t dim, float eps, float* y) const {

@@ -18,12 +18,15 @@ using EmbeddingFn = void (*)(const WeightMatrix& table, const int32_t* ids, int6
 // a target model in one process can differ.
 struct MatmulPrecision {
   // Calls of at most this many tokens split x into bf16 hi + lo (two dot products per weight
-  // vector, as accurate as fp32 FMAs); larger calls round x to bf16 once (prefill: twice the rate,
-  // ~4e-3 normalized error). Calls of <= 4 tokens always split: a GEMV that streams each weight
-  // once is bandwidth-bound there on every machine measured, so the second dot product is free.
-  // Batched decode feeds experts 5-16 rows, where it is not: at 64 streams on Zen 5 splitting
-  // them made a decode step 488 ms instead of 376 ms (engine_bench, one run).
-  int64_t split_max_tokens = 4;
+  // vector, as accurate as fp32 FMAs); larger calls round x to bf16 once (~4e-3 normalized error,
+  // what llama.cpp and GPU engines compute with). The default rounds every call: the split is not
+  // free even in a bandwidth-bound decode GEMV. Zen 5, DeepSeek-V2-Lite-shaped bf16 checkpoint,
+  // decode steps alternating between the two in one process: rounding was 0-10% faster at one
+  // thread (mean +5% over 5 runs, while an A/A run differed by <= 3.5%) and +5% at two (noisier);
+  // the extra dot product and x load per weight vector delay the loads that keep memory busy.
+  // Batched decode feeds experts 5-16 rows, where splitting cost far more: a 64-stream decode step
+  // took 488 ms instead of 376 ms (engine_bench, one run).
+  int64_t split_max_tokens = 0;
   // Quantized weights (fp8, MXFP4, INT4_G32) split too (exact) instead of rounding x to bf16
   // (W8A16 / W4A16, the default).
   bool fp8_split = false;

@@ -134,8 +134,8 @@ TEST(OpsMatmul, EveryHostKernelMatchesReference) {
         std::vector<float> ref(static_cast<size_t>(T * s.N));
         fn_of<MatmulFn>(kernels[0])(x.data(), T, tw.w, ref.data(), MatmulPrecision::exact());
         for (const KernelEntry* k : kernels)
-          // accurate, the default (x rounded to bf16 past 4 tokens), fast prefill past 16
-          for (int64_t split_max : {std::numeric_limits<int64_t>::max(), int64_t{4}, int64_t{16}})
+          // accurate, the default (x rounded to bf16 at every T), split up to 4 or 16 tokens
+          for (int64_t split_max : {std::numeric_limits<int64_t>::max(), int64_t{0}, int64_t{4}, int64_t{16}})
             for (bool fp8_exact : {false, true}) {
               std::vector<float> out(ref.size(), NAN);
               fn_of<MatmulFn>(k)(x.data(), T, tw.w, out.data(), MatmulPrecision{split_max, fp8_exact});

@@ -66,7 +66,7 @@ std::vector<const KernelEntry*> host_matmuls(DType dtype) {
 // quantized weights (fp8_split) and T is within split_max_tokens; every other kernel is fp32-accurate.
 double tolerance(const KernelEntry* k, int64_t T, const MatmulPrecision& p) {
   if (k->name != "cpu.matmul_avx512bf16") return kExact;
-  return p.fp8_split && T <= std::max<int64_t>(p.split_max_tokens, 4) ? kExact : kBf16Dot;
+  return p.fp8_split && T <= p.split_max_tokens ? kExact : kBf16Dot;
 }
 
 const MatmulPrecision kPrecisions[] = {MatmulPrecision::exact(), MatmulPrecision{}};

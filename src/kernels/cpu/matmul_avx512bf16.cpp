@@ -5,11 +5,11 @@
 // dequantized to bf16 panels for longer calls).
 //
 // - The fp32 activations are converted to bf16 once per call (x_bf16: [T, Kp], Kp = K rounded up
-//   to 64, zero padded), so the inner loop is vdpbf16ps (fp32 accumulate). Calls of at most
-//   MatmulPrecision::split_max_tokens (default 4: one stream's decode) split x into bf16 hi + lo and each weight
-//   vector takes two dot products: as accurate as fp32 FMAs, and free when bandwidth-bound.
-//   Longer calls (prefill, compute-bound) round x to bf16 once: twice the dot-product rate,
-//   normalized error ~4e-3. n = max keeps every call exact (the golden tests, at 1e-3).
+//   to 64, zero padded), so the inner loop is vdpbf16ps (fp32 accumulate): normalized error ~4e-3,
+//   as llama.cpp and GPU engines run. Calls of at most MatmulPrecision::split_max_tokens (0 by
+//   default; every call in exact mode) split x into bf16 hi + lo instead and each weight vector
+//   takes two dot products: as accurate as fp32 FMAs, at half the dot-product rate, and not free
+//   even in decode (kernel_types.h has the measurement).
 // - W streams from memory exactly once per call. Decode-sized calls (T <= 8 tokens for bf16, 64 for
 //   fp8, 16 for 4-bit; fp8 and 4-bit weights also in exact mode): each task splits its rows into 4
 //   lanes and reads one row of each lane side by side (lane_tiles: 4 long sequential streams).
@@ -57,7 +57,6 @@ namespace moat::ops::cpu_avx512bf16 {
 namespace {
 
 constexpr int64_t kChunkBytes = 128 * 1024;  // weight rows kept in L2 while tokens sweep them
-constexpr int64_t kMinSplitTokens = 4;       // single-stream decode calls always take the accurate path
 // 4-bit weights run calls of up to this many tokens on the register-decoding tiles (token pairs
 // share a decoded block), longer ones on dequantized bf16 panels: measured on Zen 5 (1 thread,
 // 3072 x 3584 MXFP4, a loaded machine) the tiles ran 190-210 GFLOPS from T = 5 to 16 against
@@ -73,6 +72,8 @@ constexpr int64_t kQ4DirectMaxTokens = 16;
 // speculative verification (k + 1 tokens) are made of these calls.
 constexpr int64_t kFp8DirectMaxTokens = 64;
 constexpr int64_t kBf16DirectMaxTokens = 8;
+// f16 weights are dequantized to bf16 chunks at every T; calls of more tokens run on packed panels.
+constexpr int64_t kF16DirectMaxTokens = 4;
 
 inline __mmask32 tail_mask(int64_t n) { return n >= 32 ? ~0u : static_cast<__mmask32>((1u << n) - 1u); }
 
@@ -816,13 +817,11 @@ void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const Ma
              "cpu.matmul_avx512bf16: {} weight [{}, {}] needs K % 32 == 0 and its scale kind", dtype_name(w.dtype), N, K);
   MOAT_CHECK(w.dtype != DType::F8_E4M3 || w.block_in % 64 == 0,
              "cpu.matmul_avx512bf16: fp8 block_in {} must be a multiple of 64", w.block_in);
-  // x is split into bf16 hi + lo (as accurate as fp32 FMAs) unless T exceeds the precision's
-  // split threshold (never below decode size), where it is rounded to bf16 once for twice the
-  // rate. fp8 and 4-bit weights round x to bf16 at every T (W8A16, W4A16) unless the precision
-  // splits them too.
+  // x is split into bf16 hi + lo (as accurate as fp32 FMAs) for calls within the precision's split
+  // threshold (none by default, all in exact mode), else rounded to bf16 once. fp8 and 4-bit weights
+  // round x to bf16 at every T (W8A16, W4A16) unless the precision splits them too.
   const bool fp8 = w.dtype == DType::F8_E4M3, q4 = w.is_4bit();
-  const bool split =
-      T <= std::max(precision.split_max_tokens, kMinSplitTokens) && (!(fp8 || q4) || precision.fp8_split);
+  const bool split = T <= precision.split_max_tokens && (!(fp8 || q4) || precision.fp8_split);
   thread_local std::vector<uint16_t> xb_buf;  // [T, Kp] hi, then [T, Kp] lo when split
   xb_buf.resize(static_cast<size_t>((split ? 2 : 1) * T * Kp));
   convert_x(x, T, K, Kp, xb_buf.data(), split ? xb_buf.data() + T * Kp : nullptr);
@@ -833,7 +832,7 @@ void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const Ma
   const __m512i& q4_codes = w.dtype == DType::INT4_G32 ? int4_table : mxfp4_table;
   const int64_t direct_max_tokens = q4    ? kQ4DirectMaxTokens
                                     : fp8 ? kFp8DirectMaxTokens
-                                          : (w.dtype == DType::BF16 ? kBf16DirectMaxTokens : kMinSplitTokens);
+                                          : (w.dtype == DType::BF16 ? kBf16DirectMaxTokens : kF16DirectMaxTokens);
   if (!split && T > direct_max_tokens) {
     // batched decode and prefill: packed panels, outer products (tile_packed). 4-bit weights are
     // dequantized in their own column order, and x is laid out to match.
