@@ -13,7 +13,9 @@
 //                      per forward call; absorbed MLA attention over the MLA layers; the KDA
 //                      recurrence's 7 K V flops per token and head over the KDA layers)
 // Prints one markdown table row (--markdown) or a readable summary; --decode-bytes makes the row
-// the decode byte breakdown instead.
+// the decode byte breakdown instead, --profile where a decode token's time goes: the timed steps
+// run with an ops::OpProfile attached (wall time per kind of op; matmuls and routed experts with
+// the weight bytes they streamed, as GB/s and % of the bandwidth measured below).
 // --contexts N1,N2,...: instead, prefill of N random tokens from an empty cache at each N (in
 // forward calls of --prefill-chunk tokens, as an engine's chunked prefill runs a long prompt),
 // timed once each: tok/s and us/token, split into the KDA layers, the MLA layers and the rest by
@@ -33,6 +35,8 @@
 #include <span>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "base/thread_pool.h"
 #include "models/deepseek_v3.h"
@@ -57,6 +61,7 @@ struct Args {
   bool weights_in_memory = false;
   bool markdown = false;
   bool decode_bytes = false;     // the markdown row is the decode byte breakdown
+  bool profile = false;          // the markdown row is the decode time by kind of op
   std::vector<int64_t> contexts;  // prefill sweep instead of prefill + decode
   int64_t prefill_chunk = 2048;   // tokens per forward call in the sweep
 };
@@ -123,6 +128,7 @@ int main(int argc, char** argv) {
     else if (s == "--weights-in-memory") a.weights_in_memory = true;
     else if (s == "--markdown") a.markdown = true;
     else if (s == "--decode-bytes") a.decode_bytes = true;
+    else if (s == "--profile") a.profile = true;
     else if (s == "--contexts") {
       const std::string list = next();
       auto counts = parse_counts(list);
@@ -134,7 +140,7 @@ int main(int argc, char** argv) {
       a.contexts = *counts;
     } else if (s == "--prefill-chunk") a.prefill_chunk = std::stoll(next());
     else {
-      std::fprintf(stderr, "usage: model_bench --model DIR [--threads N] [--prompt-tokens N] [--decode-tokens N] [--exact] [--weights-in-memory] [--markdown] [--decode-bytes] [--contexts N1,N2,...] [--prefill-chunk N]\n");
+      std::fprintf(stderr, "usage: model_bench --model DIR [--threads N] [--prompt-tokens N] [--decode-tokens N] [--exact] [--weights-in-memory] [--markdown] [--decode-bytes] [--profile] [--contexts N1,N2,...] [--prefill-chunk N]\n");
       return 2;
     }
   }
@@ -255,9 +261,12 @@ int main(int argc, char** argv) {
   // A few untimed steps first: the steady state is what a long generation sees (right after a
   // large prefill the kernel may still be settling huge pages and caches).
   for (int64_t n = 0; n < kWarmupDecodeSteps; ++n) decode_step();
+  ops::OpProfile profile;
+  if (a.profile) model.set_op_profile(&profile);
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t n = 0; n < a.decode_tokens; ++n) decode_step();
   const double decode_s = bench::seconds_since(t0) / static_cast<double>(a.decode_tokens);
+  model.set_op_profile(nullptr);
   const double rss = peak_rss_mib();
   const auto pages = model.checkpoint().page_stats();
   const double huge_pct = 100.0 * static_cast<double>(pages.huge) / static_cast<double>(std::max<size_t>(1, pages.resident));
@@ -293,7 +302,24 @@ int main(int argc, char** argv) {
   const double prefill_tps = a.prompt_tokens / prefill_s, decode_tps = 1.0 / decode_s;
   const double ckpt_mib = model.checkpoint().total_bytes() / 1048576.0, kv_mib = cache.pages.bytes() / 1048576.0;
 
-  if (a.markdown && a.decode_bytes) {
+  // per decode token: ms, and for kinds that stream weights GB/s and % of the bandwidth
+  auto kind_ms = [&](ops::OpProfile::Kind k) { return 1e3 * profile.buckets[k].seconds / a.decode_tokens; };
+  auto kind_gbs = [&](ops::OpProfile::Kind k) {
+    const auto& b = profile.buckets[k];
+    return b.seconds > 0 ? b.weight_bytes / b.seconds / 1e9 : 0.0;
+  };
+  const double rest_ms = 1e3 * decode_s - 1e3 * profile.seconds() / a.decode_tokens;
+  if (a.markdown && a.profile) {
+    // | model | threads | decode tok/s | ms / token | matmul ms (GB/s, % of bandwidth) | routed experts ms (GB/s,
+    // %) | per-head matmul ms | MLA attention ms | KDA ms | rest ms |
+    auto streamed = [&](ops::OpProfile::Kind k) {
+      return fmt::format("{:.2f} ({:.1f}, {:.0f}%)", kind_ms(k), kind_gbs(k), 100 * kind_gbs(k) * 1e9 / bandwidth);
+    };
+    std::printf("| %s | %d | %.2f | %.2f | %s | %s | %.2f | %.2f | %.2f | %.2f |\n", a.model.c_str(), a.threads, decode_tps,
+                1e3 * decode_s, streamed(ops::OpProfile::matmul).c_str(),
+                streamed(ops::OpProfile::routed_experts).c_str(), kind_ms(ops::OpProfile::head_matmul),
+                kind_ms(ops::OpProfile::attention), kind_ms(ops::OpProfile::kda), rest_ms);
+  } else if (a.markdown && a.decode_bytes) {
     // | model | threads | activations, weights | state B / request | context | weights MB | state read +
     // written MB | latent rows MB | MB / token | GB/s weights' memory / fresh | decode tok/s | roofline | % |
     std::printf("| %s | %d | %s, %s | %lld | %.0f | %.2f | %.2f | %.3f | %.2f | %.1f / %.1f | %.2f | %.2f | %.0f%% |\n",
@@ -324,6 +350,21 @@ int main(int argc, char** argv) {
                 100 * decode_tps * decode_bytes / bandwidth);
     std::printf("  peak RSS %.0f MiB; checkpoint %.0f MiB + KV %.0f MiB (ratio %.2f)\n", rss, ckpt_mib, kv_mib,
                 rss / (ckpt_mib + kv_mib));
+    if (a.profile) {
+      std::printf("  decode time per token by kind of op (%.2f ms in all):\n", 1e3 * decode_s);
+      for (int k = 0; k < ops::OpProfile::kNumKinds; ++k) {
+        const auto kind = static_cast<ops::OpProfile::Kind>(k);
+        if (profile.buckets[k].calls == 0) continue;
+        std::printf("    %-16s %7.2f ms, %5.1f calls", ops::OpProfile::kNames[k], kind_ms(kind),
+                    static_cast<double>(profile.buckets[k].calls) / a.decode_tokens);
+        if (profile.buckets[k].weight_bytes > 0)
+          std::printf(", %.1f MB of weights at %.1f GB/s (%.0f%% of the bandwidth)",
+                      profile.buckets[k].weight_bytes / a.decode_tokens / 1e6, kind_gbs(kind),
+                      100 * kind_gbs(kind) * 1e9 / bandwidth);
+        std::printf("\n");
+      }
+      std::printf("    %-16s %7.2f ms (norms, routing, residuals, embedding, argmax)\n", "rest", rest_ms);
+    }
   }
   return 0;
 }

@@ -148,6 +148,8 @@ class DeepseekModel {
 
   const ModelConfig& config() const { return config_; }
   const ops::OpTable& ops() const { return ops_; }
+  // Attaches an op profile to this model's forwards (nullptr detaches): model_bench --profile.
+  void set_op_profile(ops::OpProfile* profile) { ops_.set_profile(profile); }
   // The pool forward runs on. Code that runs this model's ops outside forward (the engine's
   // sampling) installs it too: ScopedThreadPool scope(model.thread_pool()).
   ThreadPool& thread_pool() const { return *pool_; }

@@ -114,7 +114,21 @@ Result<OpTable> OpTable::resolve(Backend backend, const ModelOpNeeds& needs) {
   return table;
 }
 
+double routed_expert_bytes(const MoeExpertsArgs& args) {
+  std::vector<bool> seen(static_cast<size_t>(args.num_experts), false);
+  double bytes = 0;
+  for (int64_t i = 0; i < args.num_tokens * args.top_k; ++i) {
+    const int32_t e = args.topk_ids[i];
+    if (e < 0 || e >= args.num_experts || seen[static_cast<size_t>(e)]) continue;
+    seen[static_cast<size_t>(e)] = true;
+    const MlpWeights& w = args.experts[e];
+    bytes += static_cast<double>(w.gate_proj.bytes() + w.up_proj.bytes() + w.down_proj.bytes());
+  }
+  return bytes;
+}
+
 void OpTable::mla_attention(const MlaAttentionArgs& args) const {
+  OpProfileScope scope(profile_, OpProfile::attention);
   if (mla_pad_to_ == 0 || mla_pad_to_ == args.num_heads) {
     mla_attention_(args);
     return;

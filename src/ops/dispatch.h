@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <vector>
 
 #include "base/check.h"
@@ -38,6 +39,53 @@ struct ResolvedOp {
   Resolution resolution;
 };
 
+// Where a forward's time goes, by kind of op, with the weight bytes each kind streamed, so a
+// matmul's bandwidth inside the model can be set against the machine's probe (model_bench
+// --profile). Filled only while attached to an OpTable (set_profile); detached, each op pays one
+// null-pointer test. Times are wall time on the calling thread, pool work included.
+struct OpProfile {
+  enum Kind { matmul, routed_experts, head_matmul, attention, kda, kNumKinds };
+  static constexpr std::array<const char*, kNumKinds> kNames = {"matmul", "routed experts", "per-head matmul",
+                                                                "MLA attention", "KDA"};
+  struct Bucket {
+    double seconds = 0, weight_bytes = 0;
+    int64_t calls = 0;
+  };
+  std::array<Bucket, kNumKinds> buckets{};
+  double seconds() const {
+    double s = 0;
+    for (const Bucket& b : buckets) s += b.seconds;
+    return s;
+  }
+};
+
+// Adds the enclosing op's wall time (and weight bytes) to a profile, when there is one.
+class OpProfileScope {
+ public:
+  OpProfileScope(OpProfile* profile, OpProfile::Kind kind, double weight_bytes = 0)
+      : profile_(profile), kind_(kind), weight_bytes_(weight_bytes) {
+    if (profile_) start_ = std::chrono::steady_clock::now();
+  }
+  ~OpProfileScope() {
+    if (!profile_) return;
+    OpProfile::Bucket& b = profile_->buckets[kind_];
+    b.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    b.weight_bytes += weight_bytes_;
+    ++b.calls;
+  }
+  OpProfileScope(const OpProfileScope&) = delete;
+  OpProfileScope& operator=(const OpProfileScope&) = delete;
+
+ private:
+  OpProfile* profile_;
+  OpProfile::Kind kind_;
+  double weight_bytes_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+// The bytes of the distinct routed experts a moe_experts call reads (each streams once per call).
+double routed_expert_bytes(const MoeExpertsArgs& args);
+
 class OpTable {
  public:
   // Resolves every op (including every sampling op). Fails, naming each unsupported op, backend,
@@ -55,8 +103,12 @@ class OpTable {
   void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y) const {
     MatmulFn fn = matmul_[static_cast<int>(w.dtype)];
     MOAT_CHECK(fn != nullptr, "matmul for {} was not resolved at load time", dtype_name(w.dtype));
+    OpProfileScope scope(profile_, OpProfile::matmul, profile_ ? static_cast<double>(w.bytes()) : 0);
     fn(x, T, w, y, precision_);
   }
+  // Attaches a profile every op of this table adds to (nullptr: none). Not thread-safe: one
+  // forward at a time, as a model runs them.
+  void set_profile(OpProfile* profile) { profile_ = profile; }
   // Default: activations rounded to bf16 for the bf16 dot products (W16A16, W8A16, W4A16), as
   // llama.cpp and GPU engines run. Exact: fp32-accurate everywhere (hi + lo split), what the golden
   // tests hold to 1e-3 against the reference; ~2x the prefill time, ~1.05x bf16 and ~1.3x fp8 decode.
@@ -70,7 +122,10 @@ class OpTable {
     silu_mul_(gate, up, T, n, y);
   }
   void add_scaled(float* y, const float* x, float alpha, int64_t n) const { add_scaled_(y, x, alpha, n); }
-  void store_latent(const StoreLatentArgs& args) const { store_latent_(args); }
+  void store_latent(const StoreLatentArgs& args) const {
+    OpProfileScope scope(profile_, OpProfile::attention);
+    store_latent_(args);
+  }
   // Zero-pads heads to the kernel's supported count when the resolution says PadHeads.
   void mla_attention(const MlaAttentionArgs& args) const;
   void moe_route(const MoeRouteArgs& args) const { moe_route_(args); }
@@ -78,6 +133,7 @@ class OpTable {
     MOAT_CHECK(moe_experts_ != nullptr, "moe_experts was not resolved at load time");
     MOAT_CHECK(args.activation != GatedActivation::situ || situ_mul_ != nullptr,
                "moe_experts with the SiTU activation needs situ_mul, resolved only with ModelOpNeeds::k3_ops");
+    OpProfileScope scope(profile_, OpProfile::routed_experts, profile_ ? routed_expert_bytes(args) : 0);
     moe_experts_(args, inner_ops());
   }
   // Resolved per weight dtype, like matmul (heads' weights are the absorbed copies' dtype).
@@ -85,29 +141,36 @@ class OpTable {
     const DType d = args.num_heads > 0 ? args.weights[0].dtype : DType::F32;
     HeadMatmulFn fn = head_matmul_[static_cast<int>(d)];
     MOAT_CHECK(fn != nullptr, "head_matmul for {} was not resolved at load time", dtype_name(d));
+    OpProfileScope scope(profile_, OpProfile::head_matmul,
+                         profile_ && args.num_heads > 0 ? static_cast<double>(args.num_heads * args.weights[0].bytes()) : 0);
     fn(args, inner_ops());
   }
   // The KDA layer's ops (kernel_types.h), resolved only for models with KDA layers.
   void short_conv(const ShortConvArgs& args) const {
     MOAT_CHECK(short_conv_ != nullptr, "short_conv was not resolved at load time (a model without KDA layers)");
+    OpProfileScope scope(profile_, OpProfile::kda);
     short_conv_(args);
   }
   void kda_gate(const KdaGateArgs& args) const {
     MOAT_CHECK(kda_gate_ != nullptr, "kda_gate was not resolved at load time (a model without KDA layers)");
+    OpProfileScope scope(profile_, OpProfile::kda);
     kda_gate_(args);
   }
   // Decode: one step per token.
   void kda_recurrent(const KdaArgs& args) const {
     MOAT_CHECK(kda_recurrent_ != nullptr, "kda_recurrent was not resolved at load time (a model without KDA layers)");
+    OpProfileScope scope(profile_, OpProfile::kda);
     kda_recurrent_(args);
   }
   // Prefill: the same result in chunks of tokens.
   void kda_chunked(const KdaArgs& args) const {
     MOAT_CHECK(kda_chunked_ != nullptr, "kda_chunked was not resolved at load time (a model without KDA layers)");
+    OpProfileScope scope(profile_, OpProfile::kda);
     kda_chunked_(args);
   }
   void gated_rms_norm(const GatedRmsNormArgs& args) const {
     MOAT_CHECK(gated_rms_norm_ != nullptr, "gated_rms_norm was not resolved at load time (a model without KDA layers)");
+    OpProfileScope scope(profile_, OpProfile::kda);
     gated_rms_norm_(args);
   }
   // What composite ops run inside (kernel_types.h InnerOps): this table's own kernels.
@@ -169,6 +232,7 @@ class OpTable {
   SituMulFn situ_mul_ = nullptr;
   SigmoidMulFn sigmoid_mul_ = nullptr;
   AttnResMixFn attn_res_mix_ = nullptr;
+  OpProfile* profile_ = nullptr;  // not owned
 };
 
 // Parses "reference" / "cpu" / "cuda".

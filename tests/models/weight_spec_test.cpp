@@ -372,6 +372,46 @@ TEST(WeightSpec, ActiveWeightCountsUnchanged) {
   }
 }
 
+// A decode token's roofline (model_bench) divides by active_weights_per_token(); this holds that
+// count to what a forward actually streams: the weight bytes an attached ops::OpProfile records for
+// one decode token (matmuls, routed experts, per-head matmuls) are the active bytes less the one
+// embedding row, which is a lookup. A layer whose weights bypassed the ops, or a count that drifted
+// from the forward, fails here.
+TEST(WeightSpec, ADecodeTokenStreamsExactlyTheActiveWeights) {
+  const fs::path root = MOAT_SOURCE_DIR;
+  for (const char* dir : {"models/k3-nano", "tests/golden/tiny_v2lite", "tests/golden/tiny_fp8",
+                          "tests/golden/tiny_kimi_linear", "tests/golden/tiny_k3"}) {
+    if (!fs::exists(root / dir / "config.json")) continue;
+    SCOPED_TRACE(dir);
+    auto m = DeepseekModel::load(root / dir, {.backend = ops::Backend::cpu, .max_context = 64});
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    DeepseekModel& model = **m;
+    const ModelConfig& c = model.config();
+    auto cache = model.new_sequence_cache(8, 4);
+    std::vector<float> logits(static_cast<size_t>(3 * c.vocab_size));
+    const std::vector<int32_t> prompt = {1, 5, 9}, next = {7};
+    model.forward(cache, prompt, 0, logits.data());
+    ops::OpProfile profile;
+    model.set_op_profile(&profile);
+    model.forward(cache, next, 3, logits.data());
+    model.set_op_profile(nullptr);
+    const auto& b = profile.buckets;
+    const double streamed = b[ops::OpProfile::matmul].weight_bytes + b[ops::OpProfile::routed_experts].weight_bytes +
+                            b[ops::OpProfile::head_matmul].weight_bytes;
+    const int64_t embedding_row = c.hidden_size * 2;  // bf16 in every one of these checkpoints
+    EXPECT_EQ(streamed, static_cast<double>(model.active_weights_per_token().bytes - embedding_row));
+    EXPECT_GT(b[ops::OpProfile::matmul].calls, 0);
+    EXPECT_EQ(b[ops::OpProfile::routed_experts].calls > 0, c.n_routed_experts > 0);
+    EXPECT_GT(b[ops::OpProfile::attention].calls, 0);
+    EXPECT_EQ(b[ops::OpProfile::kda].calls > 0, model.state_bytes_per_request() > 0);
+    for (const auto& bucket : b) EXPECT_GE(bucket.seconds, 0.0);
+    // detached: the next forward adds nothing
+    const ops::OpProfile before = profile;
+    model.forward(cache, next, 4, logits.data());
+    EXPECT_EQ(profile.buckets[ops::OpProfile::matmul].calls, before.buckets[ops::OpProfile::matmul].calls);
+  }
+}
+
 TEST(Registry, UnknownArchitectureIsRefusedWithTheSupportedList) {
   auto a = find_architecture("LlamaForCausalLM");
   ASSERT_FALSE(a.ok());
