@@ -101,8 +101,9 @@ TEST_P(TensorParallelGolden, PrefillAndDecodeMatchReferenceAndOneRank) {
   for (size_t i = 0; i < predicted.size(); ++i) {
     EXPECT_EQ(predicted[i].use, m.ops().resolved()[i].use);
     EXPECT_EQ(predicted[i].resolution.describe(), m.ops().resolved()[i].resolution.describe()) << predicted[i].use;
-    if (predicted[i].op == ops::OpId::mla_attention && m.config().num_attention_heads == 12)
+    if (predicted[i].op == ops::OpId::mla_attention && m.config().num_attention_heads == 12) {
       EXPECT_EQ(predicted[i].resolution.pad_to, comm->size() == 2 ? 8 : comm->size() == 4 ? 4 : predicted[i].resolution.pad_to);
+    }
   }
   if (comm->rank() > 0) {
     m.run_tp_worker();
