@@ -310,7 +310,7 @@ peer_section() {
     echo "$peer_rows"
     echo
     echo "What limits moat's decode rows (profiled, not guessed): perf puts ~95% of a bf16 decode step in the GEMV tiles"
-    echo "(tile_bf16<4, 1, true>); kernel_bench --decode-only reads every one of the bench checkpoint's decode shapes at"
+    echo "(the tile_bf16<4, 1, ...> decode tiles); kernel_bench --decode-only reads every one of the bench checkpoint's decode shapes at"
     echo "85-99% of the bandwidth probe in isolation, and a timer around each GEMV inside the model read 80-92% of"
     echo "kernel_bench's figure for the same shape (the lm_head lowest), so a decode token moves its bytes at ~70-85% of the"
     echo "probe. Decode rounds activations to bf16 (one dot product per weight, as llama.cpp runs): decode steps"
