@@ -308,12 +308,13 @@ int main(int argc, char** argv) {
     const auto& b = profile.buckets[k];
     return b.seconds > 0 ? b.weight_bytes / b.seconds / 1e9 : 0.0;
   };
+  auto kind_share = [&](ops::OpProfile::Kind k) { return 100 * kind_gbs(k) * 1e9 / bandwidth; };
   const double rest_ms = 1e3 * decode_s - 1e3 * profile.seconds() / a.decode_tokens;
   if (a.markdown && a.profile) {
     // | model | threads | decode tok/s | ms / token | matmul ms (GB/s, % of bandwidth) | routed experts ms (GB/s,
     // %) | per-head matmul ms | MLA attention ms | KDA ms | rest ms |
     auto streamed = [&](ops::OpProfile::Kind k) {
-      return fmt::format("{:.2f} ({:.1f}, {:.0f}%)", kind_ms(k), kind_gbs(k), 100 * kind_gbs(k) * 1e9 / bandwidth);
+      return fmt::format("{:.2f} ({:.1f}, {:.0f}%)", kind_ms(k), kind_gbs(k), kind_share(k));
     };
     std::printf("| %s | %d | %.2f | %.2f | %s | %s | %.2f | %.2f | %.2f | %.2f |\n", a.model.c_str(), a.threads, decode_tps,
                 1e3 * decode_s, streamed(ops::OpProfile::matmul).c_str(),
@@ -359,8 +360,7 @@ int main(int argc, char** argv) {
                     static_cast<double>(profile.buckets[k].calls) / a.decode_tokens);
         if (profile.buckets[k].weight_bytes > 0)
           std::printf(", %.1f MB of weights at %.1f GB/s (%.0f%% of the bandwidth)",
-                      profile.buckets[k].weight_bytes / a.decode_tokens / 1e6, kind_gbs(kind),
-                      100 * kind_gbs(kind) * 1e9 / bandwidth);
+                      profile.buckets[k].weight_bytes / a.decode_tokens / 1e6, kind_gbs(kind), kind_share(kind));
         std::printf("\n");
       }
       std::printf("    %-16s %7.2f ms (norms, routing, residuals, embedding, argmax)\n", "rest", rest_ms);
