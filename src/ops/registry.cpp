@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <fmt/format.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 namespace moat::ops {
 
@@ -29,6 +31,20 @@ std::string HeadsConstraint::describe() const {
   return parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, " | "));
 }
 
+namespace {
+// AMX tile data is a dynamically enabled XSAVE feature: Linux (5.16+) faults the first tile
+// instruction of a process that has not asked for it. The permission is process-wide and asked
+// once; a kernel without it (or a CPU without AMX) answers no and the avx512bf16 kernel runs.
+bool amx_tiles_permitted() {
+  static const bool permitted = [] {
+    if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16")) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return permitted;
+}
+}  // namespace
+
 bool cpu_has_isa(std::string_view isa) {
   // __builtin_cpu_supports takes only string literals, hence the spelled-out names.
   // "avx512bf16" also needs VBMI (byte permutes for fp8 decode): Zen4 and Sapphire Rapids have
@@ -37,6 +53,7 @@ bool cpu_has_isa(std::string_view isa) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
            __builtin_cpu_supports("avx512vbmi");
+  if (isa == "amx-bf16") return cpu_has_isa("avx512bf16") && amx_tiles_permitted();
   if (isa == "avx512")
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl");

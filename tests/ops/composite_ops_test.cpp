@@ -98,7 +98,7 @@ std::vector<Inner> inner_sets(DType dtype, std::vector<std::array<MatmulFn, 16>>
     InnerOps ops = exact.inner_ops();
     ops.matmul_by_dtype = storage.back().data();
     // f16 and fp8 weights through the bf16 kernel: f16 rounds to bf16 always, fp8 exact here
-    const bool rounds = k->name == "cpu.matmul_avx512bf16" && dtype == DType::F16;
+    const bool rounds = testing::is_bf16_dot_matmul(k) && dtype == DType::F16;
     out.push_back({k->name, ops, rounds ? kBf16 : kExact});
   }
   return out;

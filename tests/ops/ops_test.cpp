@@ -44,6 +44,7 @@ using testing::normalized_error;
 using testing::randn;
 using testing::fn_of;
 using testing::host_kernels;
+using testing::is_bf16_dot_matmul;
 
 const KernelEntry* reference_kernel(OpId op) {
   auto ks = reg().kernels(op, Backend::reference);
@@ -59,7 +60,7 @@ double tolerance_for(const KernelEntry* k) {
 // unless fast prefill is on for T > split_max, or the weights are fp8 without exact activations
 // (W8A16); f16 weights always round to bf16.
 double matmul_tolerance(const KernelEntry* k, DType dtype, int64_t T, int64_t split_max, bool fp8_exact) {
-  if (k->name != "cpu.matmul_avx512bf16") return tolerance_for(k);
+  if (!is_bf16_dot_matmul(k)) return tolerance_for(k);
   if (T > split_max || dtype == DType::F16 || (dtype == DType::F8_E4M3 && !fp8_exact)) return kBf16Dot;
   return kExact;
 }
@@ -641,7 +642,7 @@ TEST(OpsRegistry, CpuPicksTheFastestKernelThisCpuRuns) {
   for (const ResolvedOp& r : table->resolved()) {
     ASSERT_TRUE(r.resolution.usable()) << r.use;
     if (r.op == OpId::matmul && r.shape.weight_dtype == DType::BF16 && cpu_has_isa("avx512bf16")) {
-      EXPECT_EQ(r.resolution.kernel->name, "cpu.matmul_avx512bf16");
+      EXPECT_EQ(r.resolution.kernel->name, cpu_has_isa("amx-bf16") ? "cpu.matmul_amx_bf16" : "cpu.matmul_avx512bf16");
     }
     // every op has a cpu kernel now (sampling_kernels.cpp took the last fallbacks, paged-cache
     // ops included); the reference stays only as a declared fallback

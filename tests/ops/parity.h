@@ -36,6 +36,12 @@ Fn fn_of(const KernelEntry* k) {
   return reinterpret_cast<Fn>(k->fn);
 }
 
+// The AVX-512 BF16 matmul and its AMX twin (the same precision policy: x rounded to bf16 unless
+// the precision splits it) are held to the same tolerances.
+inline bool is_bf16_dot_matmul(const KernelEntry* k) {
+  return k->name == "cpu.matmul_avx512bf16" || k->name == "cpu.matmul_amx_bf16";
+}
+
 // Kernels of the host backends (their memory is host memory) that accept `shape` on this CPU;
 // the reference kernel is first. Reports the ones skipped.
 inline std::vector<const KernelEntry*> host_kernels(OpId op, const OpShape& shape) {

@@ -65,7 +65,7 @@ std::vector<const KernelEntry*> host_matmuls(DType dtype) {
 // cpu.matmul_avx512bf16 rounds x to bf16 for 4-bit weights (W4A16) unless the precision splits
 // quantized weights (fp8_split) and T is within split_max_tokens; every other kernel is fp32-accurate.
 double tolerance(const KernelEntry* k, int64_t T, const MatmulPrecision& p) {
-  if (k->name != "cpu.matmul_avx512bf16") return kExact;
+  if (!testing::is_bf16_dot_matmul(k)) return kExact;
   return p.fp8_split && T <= p.split_max_tokens ? kExact : kBf16Dot;
 }
 
@@ -348,7 +348,7 @@ TEST(QuantRegistry, FourBitMatmulsResolveOnEveryCompiledBackend) {
       const Resolution r = Registry::global().resolve(OpId::matmul, b, OpShape{.weight_dtype = dtype});
       EXPECT_TRUE(r.usable()) << dtype_name(dtype) << " on " << backend_name(b) << ": " << r.describe();
       if (b == Backend::cpu && cpu_has_isa("avx512bf16")) {
-        EXPECT_EQ(r.kernel->name, "cpu.matmul_avx512bf16");
+        EXPECT_EQ(r.kernel->name, cpu_has_isa("amx-bf16") ? "cpu.matmul_amx_bf16" : "cpu.matmul_avx512bf16");
       }
       if (b == Backend::cuda) {
         EXPECT_EQ(r.kernel->name, "cuda.matmul_q4");

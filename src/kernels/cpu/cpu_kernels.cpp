@@ -103,6 +103,12 @@ void register_cpu_kernels(Registry& r) {
       Constraints{.weight_dtypes = {DType::BF16, DType::F16, DType::F8_E4M3, DType::MXFP4, DType::INT4_G32},
                   .cpu_isa = "avx512bf16"},
       30);
+  // AMX tiles for the calls that run on packed panels (T > 8 bf16, > 64 fp8, > 16 4-bit): the
+  // dot products of prefill at tile rate. Decode-sized calls are the avx512bf16 kernel's own.
+  add(OpId::matmul, "cpu.matmul_amx_bf16", reinterpret_cast<void*>(&cpu_avx512bf16::matmul_amx),
+      Constraints{.weight_dtypes = {DType::BF16, DType::F16, DType::F8_E4M3, DType::MXFP4, DType::INT4_G32},
+                  .cpu_isa = "amx-bf16"},
+      40);
   register_cpu_kda_kernels(r);
 
   // ---- Kimi K3 (k3_generic.inc): the same ISA / priority pattern as silu_mul ----
