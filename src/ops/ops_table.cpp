@@ -9,8 +9,9 @@ std::string backend_hardware_status(Backend backend) {
     case Backend::reference: return "scalar C++, runs on any host; it is the oracle the other backends are tested against";
     case Backend::cpu:
       return "checked on real hardware: tests/ops runs every kernel whose ISA the test machine has "
-             "(AVX-512 BF16 + VBMI, AVX-512 and AVX2 on the x86-64 build machines); a kernel needing an ISA "
-             "the machine lacks is reported as not supported there and resolution skips it";
+             "(AMX-BF16 on the Intel Xeon build machines, AVX-512 BF16 + VBMI, AVX-512 and AVX2 on all of them); "
+             "a kernel needing an ISA the machine lacks is reported as not supported there and resolution skips it "
+             "(MOAT_DISABLE_ISA=amx-bf16,... takes one away on purpose)";
     case Backend::cuda:
       return "compiled (sm_90, CUDA 13); not yet run on a GPU: tests/ops/cuda_ops_test.cpp compares every "
              "kernel with the reference when a device exists and has so far only skipped";

@@ -1,6 +1,9 @@
 #include "ops/registry.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <vector>
 #include <fmt/format.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -45,7 +48,24 @@ bool amx_tiles_permitted() {
 }
 }  // namespace
 
+bool isa_disabled(std::string_view isa) {
+  static const std::vector<std::string> disabled = [] {
+    std::vector<std::string> out;
+    const char* env = std::getenv("MOAT_DISABLE_ISA");
+    std::string_view rest = env ? env : "";
+    while (!rest.empty()) {
+      const size_t comma = rest.find(',');
+      if (comma != 0) out.emplace_back(rest.substr(0, comma));
+      if (comma == std::string_view::npos) break;
+      rest.remove_prefix(comma + 1);
+    }
+    return out;
+  }();
+  return std::find(disabled.begin(), disabled.end(), isa) != disabled.end();
+}
+
 bool cpu_has_isa(std::string_view isa) {
+  if (isa_disabled(isa)) return false;
   // __builtin_cpu_supports takes only string literals, hence the spelled-out names.
   // "avx512bf16" also needs VBMI (byte permutes for fp8 decode): Zen4 and Sapphire Rapids have
   // both; Cooper Lake has BF16 without VBMI and takes the avx512 kernels.
@@ -64,7 +84,9 @@ bool cpu_has_isa(std::string_view isa) {
 
 std::vector<std::string> Constraints::check(const OpShape& shape) const {
   std::vector<std::string> reasons;
-  if (!cpu_isa.empty() && !cpu_has_isa(cpu_isa)) reasons.push_back(fmt::format("this CPU lacks {}", cpu_isa));
+  if (!cpu_isa.empty() && !cpu_has_isa(cpu_isa))
+    reasons.push_back(isa_disabled(cpu_isa) ? fmt::format("{} disabled by MOAT_DISABLE_ISA", cpu_isa)
+                                            : fmt::format("this CPU lacks {}", cpu_isa));
   if (!weight_dtypes.empty() &&
       std::find(weight_dtypes.begin(), weight_dtypes.end(), shape.weight_dtype) == weight_dtypes.end()) {
     std::vector<std::string_view> names;

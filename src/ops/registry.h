@@ -48,7 +48,7 @@ struct Constraints {
   int64_t max_experts = 0;               // 0: any
   int64_t max_top_k = 0;                 // 0: any
   std::vector<DType> kv_dtypes;          // latent cache element types; empty: any
-  // CPU instruction set the kernel needs ("avx512bf16", "avx512", "avx2"); checked against the
+  // CPU instruction set the kernel needs ("amx-bf16", "avx512bf16", "avx512", "avx2"); checked against the
   // running CPU, so one binary picks the best kernel on any x86-64 machine. Empty: none.
   std::string cpu_isa;
 
@@ -57,8 +57,13 @@ struct Constraints {
   std::string describe() const;
 };
 
-// Whether the running CPU has an instruction set named in Constraints::cpu_isa.
+// Whether the running CPU has an instruction set named in Constraints::cpu_isa and may use it:
+// "amx-bf16" (which needs avx512bf16 too, and Linux's permission for the tile state),
+// "avx512bf16", "avx512", "avx2". MOAT_DISABLE_ISA (comma-separated names, as oneDNN's
+// ONEDNN_MAX_CPU_ISA) takes any of them away: to compare kernels on one machine, or to step
+// around a kernel suspected of a fault; disabling avx512bf16 takes amx-bf16 with it.
 bool cpu_has_isa(std::string_view isa);
+bool isa_disabled(std::string_view isa);
 
 struct KernelEntry {
   OpId op;

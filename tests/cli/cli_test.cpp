@@ -17,8 +17,8 @@ struct CliRun {
   std::string output;  // stdout (stderr too when merge_stderr)
 };
 
-CliRun run(const std::string& args, bool merge_stderr = false) {
-  const std::string cmd = kMoat + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+// A shell command line's exit code and stdout.
+CliRun shell(const std::string& cmd) {
   FILE* pipe = popen(cmd.c_str(), "r");
   EXPECT_NE(pipe, nullptr);
   std::string out;
@@ -27,6 +27,10 @@ CliRun run(const std::string& args, bool merge_stderr = false) {
   while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
   const int status = pclose(pipe);
   return {WEXITSTATUS(status), out};
+}
+
+CliRun run(const std::string& args, bool merge_stderr = false) {
+  return shell(kMoat + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null"));
 }
 
 TEST(Cli, ScorePrintsTopLogitsAsJson) {
@@ -47,6 +51,26 @@ TEST(Cli, ScoreAgreesAcrossBackends) {
   ASSERT_EQ(cpu.exit_code, 0);
   auto a = nlohmann::json::parse(ref.output), b = nlohmann::json::parse(cpu.output);
   EXPECT_EQ(a["top"][0]["id"], b["top"][0]["id"]);
+}
+
+// MOAT_DISABLE_ISA takes kernels away: doctor names why, and the model still runs on what is left
+// with the same top tokens.
+TEST(Cli, DisabledIsaFallsBackAndDoctorSaysWhy) {
+  const std::string model = (kRoot / "tests/golden/tiny_qlora").string();
+  const std::string env = "MOAT_DISABLE_ISA=amx-bf16,avx512bf16 ";
+  const CliRun doctor_run = shell(env + kMoat + " doctor --model " + model + " 2>&1");
+  const std::string& doctor = doctor_run.output;
+  ASSERT_EQ(doctor_run.exit_code, 0) << doctor;
+  const size_t matmul = doctor.find("matmul[BF16]");
+  ASSERT_NE(matmul, std::string::npos) << doctor;
+  const std::string line = doctor.substr(matmul, doctor.find('\n', matmul) - matmul);
+  EXPECT_EQ(line.find("bf16 "), std::string::npos) << "a bf16-dot kernel resolved although disabled: " << line;
+  EXPECT_NE(doctor.find("cpu.matmul_avx512bf16: avx512bf16 "), std::string::npos) << doctor;
+  const std::string score = " score --model " + model + " --tokens 3,1,4,1,5,9,2,6 --top 3 --json";
+  CliRun plain = run(score), disabled = shell(env + kMoat + score + " 2>&1");
+  ASSERT_EQ(plain.exit_code, 0);
+  ASSERT_EQ(disabled.exit_code, 0) << disabled.output;
+  EXPECT_EQ(nlohmann::json::parse(plain.output)["top"][0]["id"], nlohmann::json::parse(disabled.output)["top"][0]["id"]);
 }
 
 TEST(Cli, MissingModelDirectoryIsAClearError) {
