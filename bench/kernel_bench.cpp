@@ -26,6 +26,8 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -247,10 +249,10 @@ Q4Weights make_q4_weights(DType dtype, int64_t N, int64_t K, int64_t min_total_b
 
 // The 4-bit routed-expert rows: T = 1 at the default precision (x rounded to bf16, W4A16) and exact
 // (x split into bf16 hi + lo), GB/s of codes + scales against the read bandwidth; batched decode
-// T = 16 and 64 (x rounded to bf16) against the lower of the bf16 peak and streaming the weights
-// once. check: compare with the reference first. False when a kernel disagrees.
-bool q4_rows(std::vector<Row>& rows, const std::string& tt, double bw, double peak, bool check, int64_t llc_span,
-             bool decode_only) {
+// T = 16 and 64 (x rounded to bf16) against the lower of the kernel's dot-product peak (vdpbf16ps',
+// or AMX tiles' for cpu.matmul_amx_bf16) and streaming the weights once. check: compare with the reference first. False when a kernel disagrees.
+bool q4_rows(std::vector<Row>& rows, const std::string& tt, double bw, double peak, double amx_peak, bool check,
+             int64_t llc_span, bool decode_only) {
   std::mt19937 rng(5);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   struct Shape {
@@ -297,7 +299,7 @@ bool q4_rows(std::vector<Row>& rows, const std::string& tt, double bw, double pe
           rows.push_back({what, k->name, gbs, bw, 100 * gbs / bw, "GB/s"});
         } else {
           const double flops = 2.0 * T * s.N * s.K, gflops = flops / sec / 1e9;
-          const double roof = std::min(peak, bw * flops / bytes);
+          const double roof = std::min(k->name == "cpu.matmul_amx_bf16" ? amx_peak : peak, bw * flops / bytes);
           rows.push_back({what, k->name, gflops, roof, 100 * gflops / roof, "GFLOPS"});
         }
       }
@@ -344,8 +346,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kernel_bench: this CPU lacks avx512bf16; the roofline probes need it\n");
     return 1;
   }
-  const int64_t kLlcSpan = 256ll << 20;  // cycle through >= 256 MiB of weights
-  HugeBuffer<float> bw_buf((512ll << 20) / 4);
+  // Weights cycle through at least 256 MiB and twice the last-level cache (Granite Rapids-class
+  // hosts report 480 MiB of L3), so decode rows read memory, not cache; the bandwidth probe reads
+  // at least 512 MiB and as much.
+  const int64_t l3 = std::max<int64_t>(0, sysconf(_SC_LEVEL3_CACHE_SIZE));
+  const int64_t kLlcSpan = std::max<int64_t>(256ll << 20, 2 * l3);
+  HugeBuffer<float> bw_buf(static_cast<size_t>(std::max<int64_t>(512ll << 20, 2 * l3) / 4));
 
   struct Shape {
     int64_t N, K;
@@ -371,18 +377,29 @@ int main(int argc, char** argv) {
                     "GB/s"});
     rows.push_back({"bf16 peak (" + tt + ")", "vdpbf16ps" + chains, peak, peak, 100, "GFLOPS"});
     rows.push_back({"fp32 FMA peak (" + tt + ")", "vfmadd231ps" + chains, fp32_peak, fp32_peak, 100, "GFLOPS"});
+    // AMX tiles where the CPU has them: the roofline of cpu.matmul_amx_bf16's calls
+    const bool amx = cpu_has_isa("amx-bf16");
+    const double amx_peak = amx ? amx_bf16_peak_gflops() : 0;
+    if (amx) rows.push_back({"AMX bf16 peak (" + tt + ")", "tdpbf16ps x4 tiles", amx_peak, amx_peak, 100, "GFLOPS"});
+    auto peak_of = [&](const KernelEntry* k) { return k->name == "cpu.matmul_amx_bf16" ? amx_peak : peak; };
 
     if (q4_only) {
-      if (!q4_rows(rows, tt, bw, peak, threads == thread_counts.front(), kLlcSpan, false)) return 1;
+      if (!q4_rows(rows, tt, bw, peak, amx_peak, threads == thread_counts.front(), kLlcSpan, false)) return 1;
       continue;
     }
     if (kda_only) {
       if (!kda_rows(rows, tt, bw, fp32_peak, threads == thread_counts.front(), kLlcSpan)) return 1;
       continue;
     }
-    for (DType dtype : {DType::BF16, DType::F8_E4M3}) {
-      if (batched_only) break;
-      const KernelEntry* k = best_kernel(OpId::matmul, OpShape{.weight_dtype = dtype});
+    // With AMX, prefill rows of the avx512bf16 kernel too: the same run's measure of what AMX adds
+    // (decode-sized calls run the same code in both).
+    const KernelEntry* avx512bf16 = nullptr;
+    for (const KernelEntry* e : Registry::global().kernels(OpId::matmul, Backend::cpu))
+      if (e->name == "cpu.matmul_avx512bf16") avx512bf16 = e;
+    for (DType dtype : {DType::BF16, DType::F8_E4M3})
+    for (const KernelEntry* k : {best_kernel(OpId::matmul, OpShape{.weight_dtype = dtype}), amx ? avx512bf16 : nullptr}) {
+      if (batched_only || k == nullptr) break;
+      const bool second = k == avx512bf16 && amx;
       const auto* ref = Registry::global().kernels(OpId::matmul, Backend::reference).front();
       auto fn = reinterpret_cast<MatmulFn>(k->fn);
       for (const Shape& s : decode_only ? std::span<const Shape>(decode_shapes) : std::span<const Shape>(shapes)) {
@@ -396,9 +413,10 @@ int main(int argc, char** argv) {
           bool exact;
         };
         for (auto [T, exact] : {Variant{1, false}, Variant{1, true}, Variant{512, false}, Variant{512, true}}) {
-          const bool is_bf16_kernel = k->name == "cpu.matmul_avx512bf16";
+          const bool is_bf16_kernel = k->name == "cpu.matmul_avx512bf16" || k->name == "cpu.matmul_amx_bf16";
           if (exact && !is_bf16_kernel) continue;
           if (decode_only && T > 1) continue;
+          if (second && (T == 1 || exact)) continue;
           const MatmulPrecision precision = exact ? MatmulPrecision::exact() : MatmulPrecision{};
           std::vector<float> x(static_cast<size_t>(T * s.K)), y(static_cast<size_t>(T * s.N));
           for (float& v : x) v = dist(rng);
@@ -424,15 +442,15 @@ int main(int argc, char** argv) {
             const double gbs = static_cast<double>(w.copies[0].bytes()) / sec / 1e9;
             rows.push_back({what, k->name, gbs, bw, 100 * gbs / bw, "GB/s"});
           } else {
-            const double gflops = 2.0 * T * s.N * s.K / sec / 1e9;
-            rows.push_back({what, k->name, gflops, peak, 100 * gflops / peak, "GFLOPS"});
+            const double gflops = 2.0 * T * s.N * s.K / sec / 1e9, roof = exact ? peak : peak_of(k);
+            rows.push_back({what, k->name, gflops, roof, 100 * gflops / roof, "GFLOPS"});
           }
         }
       }
     }
 
     if (decode_only) {
-      if (!q4_rows(rows, tt, bw, peak, threads == thread_counts.front(), kLlcSpan, true)) return 1;
+      if (!q4_rows(rows, tt, bw, peak, amx_peak, threads == thread_counts.front(), kLlcSpan, true)) return 1;
       continue;
     }
     // Batched decode: each routed expert gets 5-16 rows in a 64-stream decode step, dense
@@ -454,7 +472,7 @@ int main(int argc, char** argv) {
             c = (c + 1) % w.copies.size();
           }, 1.0);
           const double flops = 2.0 * T * s.N * s.K, gflops = flops / sec / 1e9;
-          const double roof = std::min(peak, bw * flops / static_cast<double>(w.copies[0].bytes()));
+          const double roof = std::min(peak_of(k), bw * flops / static_cast<double>(w.copies[0].bytes()));
           rows.push_back({"matmul " + std::string(dtype_name(dtype)) + " " + std::to_string(s.N) + "x" +
                               std::to_string(s.K) + " T=" + std::to_string(T) + " (" + tt + ")",
                           k->name, gflops, roof, 100 * gflops / roof, "GFLOPS"});
@@ -462,7 +480,7 @@ int main(int argc, char** argv) {
       }
     }
     if (batched_only) continue;
-    if (!q4_rows(rows, tt, bw, peak, threads == thread_counts.front(), kLlcSpan, false)) return 1;
+    if (!q4_rows(rows, tt, bw, peak, amx_peak, threads == thread_counts.front(), kLlcSpan, false)) return 1;
 
     // MLA decode attention: one token, 16 heads, 4096 cached latents of 576 values in the paged
     // bf16 cache (blocks of 64 rows, shuffled over the pool as a serving engine leaves them).

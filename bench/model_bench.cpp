@@ -9,7 +9,8 @@
 //                      The bandwidth is measured on the memory holding the weights (all files'
 //                      mappings or copies, up to 8 GiB) when it is larger than the caches: on VMs
 //                      that memory can read far slower than a freshly allocated buffer (both shown)
-//   prefill roofline = bf16 peak / FLOPs per prompt (2 x active params per token, the lm_head once
+//   prefill roofline = matmul peak (AMX's where the bf16 matmul resolves to it, else vdpbf16ps')
+//                      / FLOPs per prompt (2 x active params per token, the lm_head once
 //                      per forward call; absorbed MLA attention over the MLA layers; the KDA
 //                      recurrence's 7 K V flops per token and head over the KDA layers)
 // Prints one markdown table row (--markdown) or a readable summary; --decode-bytes makes the row
@@ -94,6 +95,19 @@ std::optional<std::vector<int64_t>> parse_counts(const std::string& list) {
 // token; absorbed MLA attention per (query, key) pair and head over the MLA layers (q.row over D
 // values, the latent output over kv_lora); KDA's 7 K V per token and head over the KDA layers
 // (decay, S^T k, the rank-1 update, S^T q; kernel_bench's kda rows use the same count).
+// The dot-product peak prefill's matmuls run at: AMX tiles' where the cpu backend resolves
+// bf16 matmuls to cpu.matmul_amx_bf16, else vdpbf16ps'. GFLOPS and what was probed.
+struct MatmulPeak {
+  double gflops;
+  const char* probe;
+};
+MatmulPeak matmul_peak() {
+  const ops::Resolution r =
+      ops::Registry::global().resolve(ops::OpId::matmul, ops::Backend::cpu, ops::OpShape{.weight_dtype = DType::BF16});
+  if (r.usable() && r.kernel->name == "cpu.matmul_amx_bf16") return {bench::amx_bf16_peak_gflops(), "AMX tdpbf16ps"};
+  return {bench::bf16_peak_gflops(), "vdpbf16ps"};
+}
+
 double prefill_flops(const ModelConfig& c, double active_params, int64_t n, int64_t chunk) {
   const double head = static_cast<double>(c.vocab_size) * c.hidden_size;
   const double calls = static_cast<double>((n + chunk - 1) / chunk);
@@ -216,13 +230,14 @@ int main(int argc, char** argv) {
       pt.rest_s = pt.total_s - pt.kda_s - pt.mla_s;
       points.push_back(pt);
     }
-    const double bf16_peak = bench::bf16_peak_gflops() * 1e9;
+    const MatmulPeak peak = matmul_peak();
+    const double bf16_peak = peak.gflops * 1e9;
     const auto active = model.active_weights_per_token();
     if (!a.markdown)
-      std::printf("model %s, %d thread(s), %s activations, prefill in calls of %lld tokens; bf16 peak %.1f GFLOPS\n"
+      std::printf("model %s, %d thread(s), %s activations, prefill in calls of %lld tokens; matmul peak %.1f GFLOPS (%s)\n"
                   "  %lld KDA + %lld MLA layers (each layer's time: its attention and its MLP / MoE)\n",
                   a.model.c_str(), a.threads, a.exact ? "exact" : "default", static_cast<long long>(a.prefill_chunk),
-                  bf16_peak / 1e9, static_cast<long long>(c.num_kda_layers()), static_cast<long long>(c.num_mla_layers()));
+                  bf16_peak / 1e9, peak.probe, static_cast<long long>(c.num_kda_layers()), static_cast<long long>(c.num_mla_layers()));
     for (const Point& pt : points) {
       const double n = static_cast<double>(pt.n), us = 1e6 / n;
       const double roof_tps = n / (prefill_flops(c, static_cast<double>(active.params), pt.n, a.prefill_chunk) / bf16_peak);
@@ -286,7 +301,8 @@ int main(int argc, char** argv) {
     }
     bandwidth = bench::read_bandwidth_gbs(regions) * 1e9;
   }
-  const double bf16_peak = bench::bf16_peak_gflops() * 1e9;
+  const MatmulPeak peak = matmul_peak();
+  const double bf16_peak = peak.gflops * 1e9;
 
   // Bytes one decode token moves: active weights, the recurrent state read and written, the MLA
   // layers' latent rows read at the mean context of the timed steps plus the row written.
@@ -337,8 +353,8 @@ int main(int argc, char** argv) {
   } else {
     std::printf("model %s, %d thread(s), %s activations\n", a.model.c_str(), a.threads, a.exact ? "exact" : "default");
     std::printf("  resident weights in 2 MiB pages: %.0f%%\n", huge_pct);
-    std::printf("  measured: bandwidth %.1f GB/s reading the weights' memory (%.1f GB/s a fresh buffer), bf16 peak %.1f GFLOPS\n",
-                bandwidth / 1e9, fresh_bandwidth / 1e9, bf16_peak / 1e9);
+    std::printf("  measured: bandwidth %.1f GB/s reading the weights' memory (%.1f GB/s a fresh buffer), matmul peak %.1f GFLOPS (%s)\n",
+                bandwidth / 1e9, fresh_bandwidth / 1e9, bf16_peak / 1e9, peak.probe);
     std::printf("  bytes per decode token: %.2f MB of weights (%.1fM params) + %.2f MB of state read and written "
                 "(%.2f MB per request) + %.3f MB of latent rows at ctx %.0f = %.2f MB\n",
                 active.bytes / 1e6, active.params / 1e6, state_rw / 1e6, model.state_bytes_per_request() / 1e6,

@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
@@ -224,5 +225,44 @@ inline double peak_gflops(Loop loop, double flops_per_iter) {
 }
 inline double fp32_peak_gflops() { return peak_gflops(fma_loop, kChains * 32.0); }
 inline double bf16_peak_gflops() { return peak_gflops(dpbf16_loop, kChains * 64.0); }
+
+// GFLOPS of AMX tdpbf16ps: four independent 16 x 16 accumulators (tiles 0-3) against two A and two
+// B tiles, 16 x 16 x 32 multiply-adds each, so four are in flight where one takes ~16 cycles of
+// issue and longer to complete. Only where ops::cpu_has_isa("amx-bf16") (which has asked Linux
+// for the tile state).
+struct alignas(64) AmxProbeConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+__attribute__((target("amx-tile,amx-bf16"))) inline float amx_bf16_loop(int64_t iters) {
+  static const AmxProbeConfig config;  // static: GCC 12 does not see _tile_loadconfig read a local
+  alignas(64) static const std::array<uint16_t, 16 * 32> ones = [] {
+    std::array<uint16_t, 16 * 32> v{};
+    v.fill(0x3c00);  // bf16 2^-7: sums stay finite
+    return v;
+  }();
+  _tile_loadconfig(&config);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, ones.data(), 64);
+  _tile_loadd(5, ones.data(), 64);
+  _tile_loadd(6, ones.data(), 64);
+  _tile_loadd(7, ones.data(), 64);
+  for (int64_t i = 0; i < iters; ++i) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  alignas(64) float out[16 * 16];
+  _tile_stored(0, out, 64);
+  _tile_release();
+  return out[0];
+}
+inline double amx_bf16_peak_gflops() { return peak_gflops(amx_bf16_loop, 4 * 16 * 16 * 32 * 2.0) ; }
 
 }  // namespace moat::bench

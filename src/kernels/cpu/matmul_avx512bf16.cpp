@@ -861,14 +861,32 @@ struct AmxTileScope {
   AmxTileScope& operator=(const AmxTileScope&) = delete;
 };
 
-// acc[Tp/16][16][64] (+)= x[Tp, Kx] columns [kc, kc + width) . panel^T, for every 16-token block.
-// xs points at column 0 of token 0 (row stride Kx bf16); wp holds the panel's columns [kc, kc +
-// width) (width % 32 == 0). The tile intrinsics take only constant tile numbers, hence the
-// spelled-out unroll.
-__attribute__((noinline)) void amx_panel_tiles(const uint16_t* xs, int64_t Kx, int64_t kc, int64_t width,
-                                               int64_t blocks, const uint16_t* wp, float* acc, bool accumulate) {
-  const int64_t xstride = Kx * 2, steps = width / 32;
+// acc[Tp/16][16][64] (+)= x columns [kc, kc + width) . panel^T, for every 16-token block. xt is x
+// as A tiles (pack_x_tiles), at column 0 of block 0; wp holds the panel's columns [kc, kc + width)
+// (width % 32 == 0). The tile intrinsics take only constant tile numbers, hence the spelled-out
+// unroll.
+// Rows of weights to bring into L2 while the tiles run (the next chunk's): at tile rate, packing
+// a chunk straight from memory left the core waiting on it (perf, bench checkpoint prefill:
+// pack_panel 4x the tile loop's samples); spread over the token blocks, the reads overlap the
+// multiplies instead.
+// Only calls of at least this many 16-token blocks prefetch: with fewer, a chunk's 512 lines go
+// out in a burst or two and stall the loads they were meant to speed up. 1408 x 2048 bf16 from
+// memory (160 copies, 1 thread, same machine, one run each way): T = 512 +4-12%, 256 +2%, 128
+// equal; prefetching at every T cost T = 16 7% and T = 48 13%.
+constexpr int64_t kAmxPrefetchMinBlocks = 8;
+struct AmxPrefetch {
+  const char* first = nullptr;  // row 0 of what to prefetch; nullptr: nothing
+  int64_t rows = 0, stride_bytes = 0, row_bytes = 0;
+};
+
+__attribute__((noinline)) void amx_panel_tiles(const uint16_t* xt, int64_t Kx, int64_t kc, int64_t width,
+                                               int64_t blocks, const uint16_t* wp, float* acc, bool accumulate,
+                                               const AmxPrefetch& pf) {
+  const int64_t steps = width / 32;
+  const int64_t pf_rows = pf.first ? pf.rows : 0, rows_per_block = (pf_rows + blocks - 1) / blocks;
   for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t r = b * rows_per_block; r < std::min(pf_rows, (b + 1) * rows_per_block); ++r)
+      for (int64_t off = 0; off < pf.row_bytes; off += 64) _mm_prefetch(pf.first + r * pf.stride_bytes + off, _MM_HINT_T1);
     float* c = acc + b * kAmxTokens * kPanelRows;  // [16 tokens][64 rows] fp32, rows 256 B apart
     if (accumulate) {
       _tile_loadd(0, c, 256);
@@ -881,10 +899,10 @@ __attribute__((noinline)) void amx_panel_tiles(const uint16_t* xs, int64_t Kx, i
       _tile_zero(2);
       _tile_zero(3);
     }
-    const uint16_t* a = xs + b * kAmxTokens * Kx + kc;
+    const uint16_t* a = xt + (b * Kx + kc) * kAmxTokens;  // block b's tiles, from column kc
     for (int64_t j = 0; j < steps; ++j) {
       const uint16_t* bt = wp + j * 16 * kPanelRows * 2;  // 16 column pairs x 64 rows x 2
-      _tile_loadd(4, a + 32 * j, xstride);
+      _tile_loadd(4, a + j * kAmxTokens * 32, 64);
       _tile_loadd(5, bt, 256);
       _tile_dpbf16ps(0, 4, 5);
       _tile_loadd(6, bt + 32, 256);
@@ -902,16 +920,39 @@ __attribute__((noinline)) void amx_panel_tiles(const uint16_t* xs, int64_t Kx, i
 }
 #pragma GCC pop_options
 
-// run_panel on AMX: x is bf16 [Tp, Kx] in the panel's column order (Tp = T rounded up to 16, the
-// padding rows zero), acc is the task's [Tp, 64] fp32 scratch. The panel's rows past `rows`
+// x[Tp, Kx] bf16 (Tp % 16 == 0, Kx % 32 == 0) -> xt[Tp/16][Kx/32][16][32]: each A tile (16 tokens x
+// 32 columns) 1 KiB contiguous. Loaded from x itself, a tile's 16 rows lie Kx * 2 bytes apart
+// (4 KiB at K = 2048: all in one L1 set) and the multiply waited on them: perf put ~35% of the
+// tile loop's samples on the instruction after the A load.
+void pack_x_tiles(const uint16_t* x, int64_t Tp, int64_t Kx, uint16_t* xt) {
+  for (int64_t b = 0; b < Tp / kAmxTokens; ++b)
+    for (int64_t s = 0; s < Kx / 32; ++s)
+      for (int64_t r = 0; r < kAmxTokens; ++r)
+        _mm512_storeu_si512(xt + ((b * (Kx / 32) + s) * kAmxTokens + r) * 32,
+                            _mm512_loadu_si512(x + (b * kAmxTokens + r) * Kx + 32 * s));
+}
+
+// run_panel on AMX: xt is x as A tiles (pack_x_tiles, in the panel's column order; Tp = T
+// rounded up to 16, the padding rows zero), acc is the task's [Tp, 64] fp32 scratch. The panel's rows past `rows`
 // are zero (pack_panel), and only valid tokens and rows reach y.
+// next_rows: where the rows after this panel's begin in src (the next panel of a bf16 matrix, to
+// prefetch during the last chunk), or nullptr.
 void run_panel_amx(const uint16_t* src, int64_t ss, int64_t rows, int64_t K, int64_t k0, const uint16_t* xs,
-                   int64_t T, int64_t Kx, float* y, int64_t N, uint16_t* wp, float* acc, bool accumulate_y) {
+                   int64_t T, int64_t Kx, float* y, int64_t N, uint16_t* wp, float* acc, bool accumulate_y,
+                   const uint16_t* next_rows, int64_t next_count) {
   const int64_t blocks = (T + kAmxTokens - 1) / kAmxTokens;
   for (int64_t kc = 0; kc < K; kc += kSubCols) {
     const int64_t width = std::min<int64_t>(kSubCols, (K - kc + 31) / 32 * 32);
     pack_panel(src, ss, rows, kc, width, K, wp);
-    amx_panel_tiles(xs + k0, Kx, kc, width, blocks, wp, acc, kc > 0);
+    AmxPrefetch pf;
+    if (blocks < kAmxPrefetchMinBlocks) {
+      // nothing: see kAmxPrefetchMinBlocks
+    } else if (kc + kSubCols < K) {
+      pf = {reinterpret_cast<const char*>(src + kc + kSubCols), rows, ss * 2, 2 * std::min<int64_t>(kSubCols, K - kc - kSubCols)};
+    } else if (next_rows) {
+      pf = {reinterpret_cast<const char*>(next_rows), next_count, ss * 2, 2 * std::min<int64_t>(kSubCols, K)};
+    }
+    amx_panel_tiles(xs, Kx, k0 + kc, width, blocks, wp, acc, kc > 0, pf);
   }
   __mmask16 m[4];
   for (int v = 0; v < 4; ++v) m[v] = static_cast<__mmask16>(tail_mask(std::clamp<int64_t>(rows - 16 * v, 0, 16)));
@@ -969,8 +1010,13 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix& w, float* y, con
       permute_x_q4_panel(xb, Tp, Kp, Kq, xperm_buf.data());
       xs = xperm_buf.data();
     }
-    thread_local std::vector<uint32_t> xq_buf;  // [tiles, Kx/2, 6] (pack_x); AMX reads xs as it is
-    if (!amx_panels) {
+    thread_local std::vector<uint32_t> xq_buf;  // [tiles, Kx/2, 6] (pack_x)
+    thread_local std::vector<uint16_t> xt_buf;  // [Tp/16, Kx/32, 16, 32] (pack_x_tiles), AMX only
+    if (amx_panels) {
+      xt_buf.resize(static_cast<size_t>(Tp * Kx));
+      pack_x_tiles(xs, Tp, Kx, xt_buf.data());
+      xs = xt_buf.data();
+    } else {
       xq_buf.resize(static_cast<size_t>(token_tiles(T) * Kx / 2 * kTokTile));
       pack_x(xs, T, Kx, xq_buf.data());
     }
@@ -993,14 +1039,18 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix& w, float* y, con
         acc.resize(static_cast<size_t>(Tp * kPanelRows));
         tiles.emplace();
       }
-      auto panel = [&](const uint16_t* src, int64_t ss, int64_t rows, int64_t width, int64_t k0, float* yp) {
-        if (amx_panels) run_panel_amx(src, ss, rows, width, k0, xs, T, Kx, yp, N, wp, acc.data(), k0 > 0);
+      auto panel = [&](const uint16_t* src, int64_t ss, int64_t rows, int64_t width, int64_t k0, float* yp,
+                       const uint16_t* next_rows = nullptr, int64_t next_count = 0) {
+        if (amx_panels)
+          run_panel_amx(src, ss, rows, width, k0, xs, T, Kx, yp, N, wp, acc.data(), k0 > 0, next_rows, next_count);
         else run_panel(src, ss, rows, width, k0, xq, T, Kx, yp, N, wp);
       };
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t n0 = p * kPanelRows, rows = std::min<int64_t>(kPanelRows, N - n0);
         if (w.dtype == DType::BF16) {
-          panel(static_cast<const uint16_t*>(w.data) + n0 * K, K, rows, K, 0, y + n0);
+          const uint16_t* wb = static_cast<const uint16_t*>(w.data);
+          const int64_t next_count = p + 1 < p1 ? std::min<int64_t>(kPanelRows, N - n0 - kPanelRows) : 0;
+          panel(wb + n0 * K, K, rows, K, 0, y + n0, next_count > 0 ? wb + (n0 + kPanelRows) * K : nullptr, next_count);
           continue;
         }
         for (int64_t kb = 0; kb < Kx; kb += kPackCols) {
