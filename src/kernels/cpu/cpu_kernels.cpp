@@ -5,6 +5,7 @@
 #include "kernels/cpu/cpu_kernels.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
