@@ -218,6 +218,10 @@ PY
 # and ends the run with the message $4.
 replace_only_section() {
   "$2" > "$OUT.$1"
+  # A section rerun alone may come from another machine than the header's: it says which.
+  local stamp="_This section was rerun alone (ONLY=$1) on $(date -u +%Y-%m-%d) ($(git rev-parse --short HEAD 2>/dev/null || echo '?')), on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') with $(nproc) hardware threads; the header's machine may differ._"
+  awk -v stamp="$stamp" 'NR == 1 { print; print ""; print stamp; next } { print }' "$OUT.$1" > "$OUT.$1.tmp"
+  mv "$OUT.$1.tmp" "$OUT.$1"
   replace_section "$1" "$OUT.$1" "$3"
   rm -f "$OUT.$1"
   echo "$4"
