@@ -9,10 +9,11 @@
 //                      The bandwidth is measured on the memory holding the weights (all files'
 //                      mappings or copies, up to 8 GiB) when it is larger than the caches: on VMs
 //                      that memory can read far slower than a freshly allocated buffer (both shown)
-//   prefill roofline = matmul peak (AMX's where the bf16 matmul resolves to it, else vdpbf16ps')
-//                      / FLOPs per prompt (2 x active params per token, the lm_head once
-//                      per forward call; absorbed MLA attention over the MLA layers; the KDA
-//                      recurrence's 7 K V flops per token and head over the KDA layers)
+//   prefill roofline = the slower of the FLOPs per prompt at the matmul peak (AMX's where the bf16
+//                      matmul resolves to it, else vdpbf16ps') and the weight bytes the prompt's
+//                      forward reads (weight_bytes_per_step) at the bandwidth; FLOPs per prompt:
+//                      2 x active params per token, the lm_head once per forward call; absorbed MLA attention over the MLA layers; the KDA
+//                      recurrence's 7 K V flops per token and head over the KDA layers
 // Prints one markdown table row (--markdown) or a readable summary; --decode-bytes makes the row
 // the decode byte breakdown instead, --profile where a decode token's time goes: the timed steps
 // run with an ops::OpProfile attached (wall time per kind of op; matmuls and routed experts with
@@ -314,7 +315,13 @@ int main(int argc, char** argv) {
   const double decode_bytes = static_cast<double>(active.bytes) + state_rw + kv_read;
   const double decode_roof_tps = bandwidth / decode_bytes;
   const double prompt_flops = prefill_flops(c, static_cast<double>(active.params), a.prompt_tokens, a.prompt_tokens);
-  const double prefill_roof_tps = a.prompt_tokens / (prompt_flops / bf16_peak);
+  // A prompt's forward reads the weights once (a MoE's routed experts: those its tokens touch), so
+  // its time is at least the larger of its FLOPs at the matmul peak and those bytes at the
+  // bandwidth: with AMX on a 2-core VM the bytes are the bound.
+  const double prompt_bytes = model.weight_bytes_per_step(a.prompt_tokens);
+  const double prompt_compute_s = prompt_flops / bf16_peak, prompt_memory_s = prompt_bytes / bandwidth;
+  const double prefill_roof_tps = a.prompt_tokens / std::max(prompt_compute_s, prompt_memory_s);
+  const char* prefill_bound = prompt_memory_s > prompt_compute_s ? "weight bytes" : "FLOPs";
   const double prefill_tps = a.prompt_tokens / prefill_s, decode_tps = 1.0 / decode_s;
   const double ckpt_mib = model.checkpoint().total_bytes() / 1048576.0, kv_mib = cache.pages.bytes() / 1048576.0;
 
@@ -359,9 +366,10 @@ int main(int argc, char** argv) {
                 "(%.2f MB per request) + %.3f MB of latent rows at ctx %.0f = %.2f MB\n",
                 active.bytes / 1e6, active.params / 1e6, state_rw / 1e6, model.state_bytes_per_request() / 1e6,
                 kv_read / 1e6, avg_ctx, decode_bytes / 1e6);
-    std::printf("  prefill %lld tokens: %.1f tok/s, roofline %.1f tok/s (%.0f%%), %.1f GFLOP per prompt\n",
+    std::printf("  prefill %lld tokens: %.1f tok/s, roofline %.1f tok/s (%.0f%%; bound by %s): %.1f GFLOP and %.2f GB of "
+                "weights per prompt\n",
                 static_cast<long long>(a.prompt_tokens), prefill_tps, prefill_roof_tps,
-                100 * prefill_tps / prefill_roof_tps, prompt_flops / 1e9);
+                100 * prefill_tps / prefill_roof_tps, prefill_bound, prompt_flops / 1e9, prompt_bytes / 1e9);
     std::printf("  decode: %.2f tok/s, roofline %.2f tok/s (%.0f%%): %.1f GB/s moved, %.0f%% of the measured bandwidth\n",
                 decode_tps, decode_roof_tps, 100 * decode_tps / decode_roof_tps, decode_tps * decode_bytes / 1e9,
                 100 * decode_tps * decode_bytes / bandwidth);
