@@ -824,8 +824,8 @@ void run_panel(const uint16_t* src, int64_t ss, int64_t rows, int64_t K, int64_t
 // ---- AMX (Sapphire Rapids and later): the same panels, multiplied by tile instructions ------------
 //
 // The packed panel wp[k/2][64][2] is already AMX's B operand layout: a B tile (16 rows of 64 bytes)
-// is 16 consecutive column pairs of 16 panel rows, rows 256 bytes apart. The activations need no
-// packing at all: an A tile is 16 tokens x 32 columns of x[T, K] bf16 as it is. One tdpbf16ps
+// is 16 consecutive column pairs of 16 panel rows, rows 256 bytes apart. An A tile is 16 tokens x 32
+// columns of x[T, K] bf16, copied once per call into 1 KiB tiles (pack_x_tiles). One tdpbf16ps
 // does 16 x 16 x 32 multiply-adds (8192, against 32 for a vdpbf16ps), so prefill becomes bound by
 // how fast the panels are packed and the tiles loaded rather than by the dot products.
 // Tiles: 0-3 accumulate 16 tokens x 64 panel rows (one C tile per 16 rows), 4 holds A, 5-7 B.
@@ -861,15 +861,6 @@ struct AmxTileScope {
   AmxTileScope& operator=(const AmxTileScope&) = delete;
 };
 
-// One A tile against the panel's four B tiles per step. Tried on the Xeon above (2048 x 2048, T = 512,
-// 1 thread, one run each): 2 A x 2 B tiles per step (each tile feeding two multiplies) 766 GFLOPS
-// against this scheme's 882, and 512- or 1024-column chunks the same as 256: the A tiles, 2 MiB of
-// x re-read for every 64-row panel at T = 512 (twice with 2 x 2), stream from beyond L2, which
-// bounds the tile loop rather than the multiplies (~25% of the AMX peak probe).
-// acc[Tp/16][16][64] (+)= x columns [kc, kc + width) . panel^T, for every 16-token block. xt is x
-// as A tiles (pack_x_tiles), at column 0 of block 0; wp holds the panel's columns [kc, kc + width)
-// (width % 32 == 0). The tile intrinsics take only constant tile numbers, hence the spelled-out
-// unroll.
 // Rows of weights to bring into L2 while the tiles run (the next chunk's): at tile rate, packing
 // a chunk straight from memory left the core waiting on it (perf, bench checkpoint prefill:
 // pack_panel 4x the tile loop's samples); spread over the token blocks, the reads overlap the
@@ -885,6 +876,15 @@ struct AmxPrefetch {
   int64_t rows = 0, stride_bytes = 0, row_bytes = 0;
 };
 
+// One A tile against the panel's four B tiles per step. Tried on the Xeon above (2048 x 2048, T = 512,
+// 1 thread, one run each): 2 A x 2 B tiles per step (each tile feeding two multiplies) 766 GFLOPS
+// against this scheme's 882, and 512- or 1024-column chunks the same as 256: the A tiles, 2 MiB of
+// x re-read for every 64-row panel at T = 512 (twice with 2 x 2), stream from beyond L2, which
+// bounds the tile loop rather than the multiplies (17-23% of the AMX peak probe in the kernel table).
+// acc[Tp/16][16][64] (+)= x columns [kc, kc + width) . panel^T, for every 16-token block. xt is x
+// as A tiles (pack_x_tiles), at column 0 of block 0; wp holds the panel's columns [kc, kc + width)
+// (width % 32 == 0). The tile intrinsics take only constant tile numbers, hence the spelled-out
+// unroll.
 __attribute__((noinline)) void amx_panel_tiles(const uint16_t* xt, int64_t Kx, int64_t kc, int64_t width,
                                                int64_t blocks, const uint16_t* wp, float* acc, bool accumulate,
                                                const AmxPrefetch& pf) {
@@ -939,8 +939,8 @@ void pack_x_tiles(const uint16_t* x, int64_t Tp, int64_t Kx, uint16_t* xt) {
 }
 
 // run_panel on AMX: xt is x as A tiles (pack_x_tiles, in the panel's column order; Tp = T
-// rounded up to 16, the padding rows zero), acc is the task's [Tp, 64] fp32 scratch. The panel's rows past `rows`
-// are zero (pack_panel), and only valid tokens and rows reach y.
+// rounded up to 16, the padding rows zero), acc is the task's [Tp, 64] fp32 scratch. The panel's
+// rows past `rows` are zero (pack_panel), and only valid tokens and rows reach y.
 // next_rows: where the rows after this panel's begin in src (the next panel of a bf16 matrix, to
 // prefetch during the last chunk), or nullptr.
 void run_panel_amx(const uint16_t* src, int64_t ss, int64_t rows, int64_t K, int64_t k0, const uint16_t* xs,
