@@ -556,8 +556,10 @@ fi
   echo "time over a plain decode step's, timed directly at the mean context. predicted = tokens / step /"
   echo "(k x draft step / target step + verify(k+1) / step). On a mixture of experts the verify forward"
   echo "reads the routed experts of k + 1 tokens, not one, and a model that fits in the caches (k3-nano) is"
-  echo "compute-bound, so k + 1 tokens cost nearly k + 1 times one: speculation pays when one decode"
-  echo "step is bandwidth-bound and the guesses are cheap and right."
+  echo "compute-bound, so k + 1 tokens cost nearly k + 1 times one on AVX-512 (verify(7) / step 3.54 on the"
+  echo "Zen 5 VM); AMX tiles take calls of 7 or more tokens and bring it to ~2.2 (Xeon, 2026-12-02), still far"
+  echo "from the ~1 a bandwidth-bound step would give: speculation pays when one decode step is bandwidth-bound"
+  echo "and the guesses are cheap and right."
   echo
   spec_section
   if [[ -n "$kimi_decode_rows" ]]; then

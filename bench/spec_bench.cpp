@@ -152,13 +152,16 @@ int main(int argc, char** argv) {
   for (double temp : list(temp_list)) {
     const Run base = decode(model, prompts, tokens, static_cast<float>(temp), {});
     auto row = [&](const char* method, int k, const Run& r, double verify_ratio, double predicted) {
+      // a proposer that never guessed (n-gram on random tokens finds no match) has no acceptance to show
+      const bool guessed = k && r.stats.spec_steps > 0;
       if (markdown)
         std::printf("| %s | %s | %.1f | %s | %s | %.1f | %.2fx | %s | %s | %s | %s |\n", model_dir.c_str(),
                     draft ? draft_dir.c_str() : "-", temp, method, k ? std::to_string(k).c_str() : "-", r.tok_s,
-                    r.tok_s / base.tok_s, k ? fmt::format("{:.1f}", 100.0 * r.stats.acceptance_rate()).c_str() : "-",
-                    k ? fmt::format("{:.2f}", r.stats.mean_accepted_length()).c_str() : "-",
+                    r.tok_s / base.tok_s,
+                    guessed ? fmt::format("{:.1f}", 100.0 * r.stats.acceptance_rate()).c_str() : k ? "no guesses" : "-",
+                    guessed ? fmt::format("{:.2f}", r.stats.mean_accepted_length()).c_str() : "-",
                     k ? fmt::format("{:.2f}", verify_ratio).c_str() : "-",
-                    k ? fmt::format("{:.2f}x", predicted).c_str() : "-");
+                    guessed ? fmt::format("{:.2f}x", predicted).c_str() : "-");
       else
         std::printf("%5.1f %-7s %3d %9.1f %7.2fx %10.1f %10.2f %10.2f %9.2fx\n", temp, method, k, r.tok_s,
                     r.tok_s / base.tok_s, 100.0 * r.stats.acceptance_rate(), r.stats.mean_accepted_length(),
