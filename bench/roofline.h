@@ -263,6 +263,6 @@ __attribute__((target("amx-tile,amx-bf16"))) inline float amx_bf16_loop(int64_t 
   _tile_release();
   return out[0];
 }
-inline double amx_bf16_peak_gflops() { return peak_gflops(amx_bf16_loop, 4 * 16 * 16 * 32 * 2.0) ; }
+inline double amx_bf16_peak_gflops() { return peak_gflops(amx_bf16_loop, 4 * 16 * 16 * 32 * 2.0); }
 
 }  // namespace moat::bench
