@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "base/thread_pool.h"
+#include "kernels/cpu/amx_tiles.h"
 
 namespace moat::bench {
 
@@ -230,20 +231,13 @@ inline double bf16_peak_gflops() { return peak_gflops(dpbf16_loop, kChains * 64.
 // B tiles, 16 x 16 x 32 multiply-adds each, so four are in flight where one takes ~16 cycles of
 // issue and longer to complete. Only where ops::cpu_has_isa("amx-bf16") (which has asked Linux
 // for the tile state).
-struct alignas(64) AmxProbeConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
-  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
-};
 __attribute__((target("amx-tile,amx-bf16"))) inline float amx_bf16_loop(int64_t iters) {
-  static const AmxProbeConfig config;  // static: GCC 12 does not see _tile_loadconfig read a local
   alignas(64) static const std::array<uint16_t, 16 * 32> ones = [] {
     std::array<uint16_t, 16 * 32> v{};
     v.fill(0x3c00);  // bf16 2^-7: sums stay finite
     return v;
   }();
-  _tile_loadconfig(&config);
+  ops::amx::TileScope tiles;
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
@@ -260,7 +254,6 @@ __attribute__((target("amx-tile,amx-bf16"))) inline float amx_bf16_loop(int64_t 
   }
   alignas(64) float out[16 * 16];
   _tile_stored(0, out, 64);
-  _tile_release();
   return out[0];
 }
 inline double amx_bf16_peak_gflops() { return peak_gflops(amx_bf16_loop, 4 * 16 * 16 * 32 * 2.0); }

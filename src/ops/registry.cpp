@@ -46,8 +46,8 @@ bool amx_tiles_permitted() {
   }();
   return permitted;
 }
-}  // namespace
 
+// Whether MOAT_DISABLE_ISA (comma-separated names, registry.h) names `isa`.
 bool isa_disabled(std::string_view isa) {
   static const std::vector<std::string> disabled = [] {
     std::vector<std::string> out;
@@ -63,6 +63,7 @@ bool isa_disabled(std::string_view isa) {
   }();
   return std::find(disabled.begin(), disabled.end(), isa) != disabled.end();
 }
+}  // namespace
 
 bool cpu_has_isa(std::string_view isa) {
   if (isa_disabled(isa)) return false;

@@ -63,7 +63,6 @@ struct Constraints {
 // ONEDNN_MAX_CPU_ISA) takes any of them away: to compare kernels on one machine, or to step
 // around a kernel suspected of a fault; disabling avx512bf16 takes amx-bf16 with it.
 bool cpu_has_isa(std::string_view isa);
-bool isa_disabled(std::string_view isa);
 
 struct KernelEntry {
   OpId op;

@@ -46,6 +46,7 @@
 
 #include "base/check.h"
 #include "base/thread_pool.h"
+#include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 // GCC 12's _mm512_reduce_add_ps starts from an _mm512_undefined value: a false positive.
@@ -834,36 +835,8 @@ void run_panel(const uint16_t* src, int64_t ss, int64_t rows, int64_t K, int64_t
 // Tiles: 0-3 accumulate 16 tokens x 64 panel rows (one C tile per 16 rows), 4 holds A, 5-7 B.
 constexpr int kAmxTokens = 16;  // tokens per A / C tile
 
-struct alignas(64) AmxTileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-bf16")
-// Tile configuration is per thread and costs thousands of cycles of XSAVE state while live, so
-// every task configures on entry and releases on exit (a prefill task runs for milliseconds).
-struct AmxTileScope {
-  AmxTileScope() {
-    // A static, not a local: GCC 12's _tile_loadconfig does not tell the compiler it reads the
-    // 64 bytes, and the stores of a local configuration were deleted (tilezero then faulted).
-    static const AmxTileConfig config = [] {
-      AmxTileConfig c;
-      for (int i = 0; i < 8; ++i) {
-        c.colsb[i] = 64;
-        c.rows[i] = 16;
-      }
-      return c;
-    }();
-    _tile_loadconfig(&config);
-  }
-  ~AmxTileScope() { _tile_release(); }
-  AmxTileScope(const AmxTileScope&) = delete;
-  AmxTileScope& operator=(const AmxTileScope&) = delete;
-};
-
 // Rows of weights to bring into L2 while the tiles run (the next chunk's): at tile rate, packing
 // a chunk straight from memory left the core waiting on it (perf, bench checkpoint prefill:
 // pack_panel 4x the tile loop's samples); spread over the token blocks, the reads overlap the
@@ -983,6 +956,42 @@ void pack_x_vnni16(const uint16_t* x, int64_t Tp, int64_t Kx, uint32_t* xv) {
     }
 }
 
+// y[T, N] = x . W^T for bf16 W (K % 32 == 0) by amx_strip_tiles: xb is x bf16 [Tp, Kx] (Tp = T
+// rounded up to 16, padding rows zero), parallel over 16-row strips of W.
+void matmul_amx_strips(const WeightMatrix& w, const uint16_t* xb, int64_t T, int64_t Tp, int64_t Kx, float* y) {
+  const int64_t N = w.out_features, K = w.in_features;
+  thread_local std::vector<uint32_t> xv_buf;  // [Tp/16, Kx/2, 16] (pack_x_vnni16)
+  xv_buf.resize(static_cast<size_t>(Tp * Kx / 2));
+  pack_x_vnni16(xb, Tp, Kx, xv_buf.data());
+  const uint32_t* xv = xv_buf.data();
+  const int64_t blocks = Tp / kAmxTokens, steps = K / 32;
+  const uint16_t* wb = static_cast<const uint16_t*>(w.data);
+  thread_pool().parallel_for((N + 15) / 16, [&](int64_t s0, int64_t s1) {
+    amx::TileScope tiles;
+    alignas(64) float acc[4 * 256];  // [4 token blocks][16 rows][16 tokens]
+    thread_local std::vector<uint16_t> tail;  // the last strip's rows, zero padded to 16
+    for (int64_t st = s0; st < s1; ++st) {
+      const int64_t n0 = st * 16, rows = std::min<int64_t>(16, N - n0);
+      const uint16_t* wrow = wb + n0 * K;
+      if (rows < 16) {
+        tail.assign(static_cast<size_t>(16 * K), 0);
+        std::memcpy(tail.data(), wrow, sizeof(uint16_t) * rows * K);
+        wrow = tail.data();
+      }
+      for (int64_t g0 = 0; g0 < blocks; g0 += 4) {
+        const int64_t groups = std::min<int64_t>(4, blocks - g0);
+        amx_strip_tiles(wrow, K, steps, xv + g0 * (Kx / 2) * kAmxTokens, Kx, groups, acc);
+        for (int64_t g = 0; g < groups; ++g)
+          for (int64_t t = 0; t < kAmxTokens; ++t) {
+            const int64_t tok = (g0 + g) * kAmxTokens + t;
+            if (tok >= T) break;
+            for (int64_t r = 0; r < rows; ++r) y[tok * N + n0 + r] = acc[g * 256 + r * 16 + t];
+          }
+      }
+    }
+  });
+}
+
 // x[Tp, Kx] bf16 (Tp % 16 == 0, Kx % 32 == 0) -> xt[Tp/16][Kx/32][16][32]: each A tile (16 tokens x
 // 32 columns) 1 KiB contiguous. Loaded from x itself, a tile's 16 rows lie Kx * 2 bytes apart
 // (4 KiB at K = 2048: all in one L1 set) and the multiply waited on them: perf put ~35% of the
@@ -1073,37 +1082,8 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix& w, float* y, con
       permute_x_q4_panel(xb, Tp, Kp, Kq, xperm_buf.data());
       xs = xperm_buf.data();
     }
-    if (amx_panels && w.dtype == DType::BF16 && K % 32 == 0 && T <= kAmxStripMaxTokens) {  // amx_strip_tiles
-      thread_local std::vector<uint32_t> xv_buf;  // [Tp/16, Kx/2, 16] (pack_x_vnni16)
-      xv_buf.resize(static_cast<size_t>(Tp * Kx / 2));
-      pack_x_vnni16(xs, Tp, Kx, xv_buf.data());
-      const uint32_t* xv = xv_buf.data();
-      const int64_t blocks = Tp / kAmxTokens, steps = K / 32;
-      const uint16_t* wb = static_cast<const uint16_t*>(w.data);
-      thread_pool().parallel_for((N + 15) / 16, [&](int64_t s0, int64_t s1) {
-        AmxTileScope tiles;
-        alignas(64) float acc[4 * 256];  // [4 token blocks][16 rows][16 tokens]
-        thread_local std::vector<uint16_t> tail;  // the last strip's rows, zero padded to 16
-        for (int64_t st = s0; st < s1; ++st) {
-          const int64_t n0 = st * 16, rows = std::min<int64_t>(16, N - n0);
-          const uint16_t* wrow = wb + n0 * K;
-          if (rows < 16) {
-            tail.assign(static_cast<size_t>(16 * K), 0);
-            std::memcpy(tail.data(), wrow, sizeof(uint16_t) * rows * K);
-            wrow = tail.data();
-          }
-          for (int64_t g0 = 0; g0 < blocks; g0 += 4) {
-            const int64_t groups = std::min<int64_t>(4, blocks - g0);
-            amx_strip_tiles(wrow, K, steps, xv + g0 * (Kx / 2) * kAmxTokens, Kx, groups, acc);
-            for (int64_t g = 0; g < groups; ++g)
-              for (int64_t t = 0; t < kAmxTokens; ++t) {
-                const int64_t tok = (g0 + g) * kAmxTokens + t;
-                if (tok >= T) break;
-                for (int64_t r = 0; r < rows; ++r) y[tok * N + n0 + r] = acc[g * 256 + r * 16 + t];
-              }
-          }
-        }
-      });
+    if (amx_panels && w.dtype == DType::BF16 && K % 32 == 0 && T <= kAmxStripMaxTokens) {
+      matmul_amx_strips(w, xs, T, Tp, Kx, y);
       return;
     }
     thread_local std::vector<uint32_t> xq_buf;  // [tiles, Kx/2, 6] (pack_x)
@@ -1130,7 +1110,7 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix& w, float* y, con
       wp_buf.resize(static_cast<size_t>(kSubCols * kPanelRows / 32));
       uint16_t* wp = wp_buf.data()->v;
       thread_local std::vector<float> acc;  // [Tp, 64]: AMX accumulators of one panel
-      std::optional<AmxTileScope> tiles;
+      std::optional<amx::TileScope> tiles;
       if (amx_panels) {
         acc.resize(static_cast<size_t>(Tp * kPanelRows));
         tiles.emplace();
