@@ -247,10 +247,17 @@ Q4Weights make_q4_weights(DType dtype, int64_t N, int64_t K, int64_t min_total_b
   return w;
 }
 
+// The dot-product peak a matmul kernel's batched calls run against: AMX tiles' for
+// cpu.matmul_amx_bf16, vdpbf16ps' for the rest.
+double dot_peak(const KernelEntry* k, double peak, double amx_peak) {
+  return k->name == "cpu.matmul_amx_bf16" ? amx_peak : peak;
+}
+
 // The 4-bit routed-expert rows: T = 1 at the default precision (x rounded to bf16, W4A16) and exact
 // (x split into bf16 hi + lo), GB/s of codes + scales against the read bandwidth; batched decode
-// T = 16 and 64 (x rounded to bf16) against the lower of the kernel's dot-product peak (vdpbf16ps',
-// or AMX tiles' for cpu.matmul_amx_bf16) and streaming the weights once. check: compare with the reference first. False when a kernel disagrees.
+// T = 16 and 64 (x rounded to bf16) against the lower of the kernel's dot-product peak (dot_peak)
+// and streaming the weights once. check: compare with the reference first. False when a kernel
+// disagrees.
 bool q4_rows(std::vector<Row>& rows, const std::string& tt, double bw, double peak, double amx_peak, bool check,
              int64_t llc_span, bool decode_only) {
   std::mt19937 rng(5);
@@ -299,7 +306,7 @@ bool q4_rows(std::vector<Row>& rows, const std::string& tt, double bw, double pe
           rows.push_back({what, k->name, gbs, bw, 100 * gbs / bw, "GB/s"});
         } else {
           const double flops = 2.0 * T * s.N * s.K, gflops = flops / sec / 1e9;
-          const double roof = std::min(k->name == "cpu.matmul_amx_bf16" ? amx_peak : peak, bw * flops / bytes);
+          const double roof = std::min(dot_peak(k, peak, amx_peak), bw * flops / bytes);
           rows.push_back({what, k->name, gflops, roof, 100 * gflops / roof, "GFLOPS"});
         }
       }
@@ -381,7 +388,6 @@ int main(int argc, char** argv) {
     const bool amx = cpu_has_isa("amx-bf16");
     const double amx_peak = amx ? amx_bf16_peak_gflops() : 0;
     if (amx) rows.push_back({"AMX bf16 peak (" + tt + ")", "tdpbf16ps x4 tiles", amx_peak, amx_peak, 100, "GFLOPS"});
-    auto peak_of = [&](const KernelEntry* k) { return k->name == "cpu.matmul_amx_bf16" ? amx_peak : peak; };
 
     if (q4_only) {
       if (!q4_rows(rows, tt, bw, peak, amx_peak, threads == thread_counts.front(), kLlcSpan, false)) return 1;
@@ -442,7 +448,7 @@ int main(int argc, char** argv) {
             const double gbs = static_cast<double>(w.copies[0].bytes()) / sec / 1e9;
             rows.push_back({what, k->name, gbs, bw, 100 * gbs / bw, "GB/s"});
           } else {
-            const double gflops = 2.0 * T * s.N * s.K / sec / 1e9, roof = exact ? peak : peak_of(k);
+            const double gflops = 2.0 * T * s.N * s.K / sec / 1e9, roof = exact ? peak : dot_peak(k, peak, amx_peak);
             rows.push_back({what, k->name, gflops, roof, 100 * gflops / roof, "GFLOPS"});
           }
         }
@@ -472,7 +478,7 @@ int main(int argc, char** argv) {
             c = (c + 1) % w.copies.size();
           }, 1.0);
           const double flops = 2.0 * T * s.N * s.K, gflops = flops / sec / 1e9;
-          const double roof = std::min(peak_of(k), bw * flops / static_cast<double>(w.copies[0].bytes()));
+          const double roof = std::min(dot_peak(k, peak, amx_peak), bw * flops / static_cast<double>(w.copies[0].bytes()));
           rows.push_back({"matmul " + std::string(dtype_name(dtype)) + " " + std::to_string(s.N) + "x" +
                               std::to_string(s.K) + " T=" + std::to_string(T) + " (" + tt + ")",
                           k->name, gflops, roof, 100 * gflops / roof, "GFLOPS"});
