@@ -68,12 +68,13 @@ bool isa_disabled(std::string_view isa) {
 bool cpu_has_isa(std::string_view isa) {
   if (isa_disabled(isa)) return false;
   // __builtin_cpu_supports takes only string literals, hence the spelled-out names.
-  // "avx512bf16" also needs VBMI (byte permutes for fp8 decode): Zen4 and Sapphire Rapids have
-  // both; Cooper Lake has BF16 without VBMI and takes the avx512 kernels.
+  // "avx512bf16" also needs VBMI (byte permutes for fp8 decode) and VNNI (4-bit decode's integer
+  // dot products): Zen4 and Sapphire Rapids have all three; Cooper Lake has BF16 without VBMI and
+  // takes the avx512 kernels.
   if (isa == "avx512bf16")
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
-           __builtin_cpu_supports("avx512vbmi");
+           __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vnni");
   if (isa == "amx-bf16") return cpu_has_isa("avx512bf16") && amx_tiles_permitted();
   if (isa == "avx512")
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

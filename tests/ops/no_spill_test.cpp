@@ -189,8 +189,10 @@ TEST(NoSpill, HotKernelsKeepAccumulatorsInRegisters) {
   std::vector<Hot> hot = {{"cpu_avx512bf16::(anonymous namespace)::tile_bf16<", 32},
                           {"cpu_avx512bf16::(anonymous namespace)::tile_packed<", 6},
                           {"cpu_avx512bf16::(anonymous namespace)::tile_fp8<", 14, 0, true},
-                          // 24 4-bit decode tiles (1-4 rows x 1-2 tokens, split with 1 token; two scale kinds)
-                          {"cpu_avx512bf16::(anonymous namespace)::tile_q4<", 24, 0, true},
+                          // 4-bit decode tiles: int16 activations (1-4 rows x 1-2 tokens) and exact
+                          // mode's split (1-4 rows x 1 token), two scale kinds each
+                          {"cpu_avx512bf16::(anonymous namespace)::tile_q4_i16<", 16, 0, true},
+                          {"cpu_avx512bf16::(anonymous namespace)::tile_q4_split<", 8, 0, true},
                           // the decode-sized bf16 tiles (1 or 2 tokens) prefetch their rows
                           {"cpu_avx512bf16::(anonymous namespace)::tile_bf16<4, 1, ", 2, 0, true},
                           {"cpu_avx512bf16::(anonymous namespace)::tile_bf16<4, 2, ", 2, 0, true},

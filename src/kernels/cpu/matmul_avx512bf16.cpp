@@ -1,8 +1,9 @@
 // The CPU matmul for machines with AVX-512 BF16 (Zen4, Sapphire Rapids and later): the kernel that
 // decode time is made of. y[T, N] = x[T, K] . W[N, K]^T for W in bf16, f16, fp8 e4m3 with block
-// scales, or MXFP4 / INT4_G32 (4-bit codes, a scale per 32 elements: they follow fp8's precision
-// policy, decoded in registers by tile_q4 for calls of up to 16 tokens and in exact mode,
-// dequantized to bf16 panels for longer calls).
+// scales, or MXFP4 / INT4_G32 (4-bit codes, a scale per 32 elements: decoded in registers for
+// decode-sized calls, against x quantized to int16 per 32 elements by default (tile_q4_i16) or
+// split into bf16 hi + lo in exact mode (tile_q4_split); dequantized to bf16 panels for longer
+// calls).
 //
 // - The fp32 activations are converted to bf16 once per call (x_bf16: [T, Kp], Kp = K rounded up
 //   to 64, zero padded), so the inner loop is vdpbf16ps (fp32 accumulate): normalized error ~4e-3,
@@ -35,10 +36,12 @@
 //   its fp32 partial sum; prefill (and f16 always) dequantizes a chunk of rows once to bf16
 //   (scale folded in, one more bf16 rounding) and reuses it for every token.
 // Compiled with a per-region target pragma (no global -march); usable only where the CPU has
-// AVX-512 BF16 and VBMI (Constraints::cpu_isa "avx512bf16": Zen4, Sapphire Rapids and later).
+// AVX-512 BF16, VBMI and VNNI (Constraints::cpu_isa "avx512bf16": Zen4, Sapphire Rapids and later).
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -53,7 +56,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,fma,bmi2")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,avx512vnni,fma,bmi2")
 
 namespace moat::ops::cpu_avx512bf16 {
 namespace {
@@ -431,8 +434,9 @@ constexpr const Fp8TileFn* kFp8Tiles[2][4] = {{kFp8Row<1, false>, kFp8Row<2, fal
 // groups. The group scales are applied to these fp32 partial sums (lane i times the scale of group
 // 4b + i/4), exactly as tile_fp8 applies its block scales: the codes are exact in bf16, and an
 // MXFP4 scale of 2^-127 never has to exist as a bf16 subnormal (vdpbf16ps flushes those).
-// Per 128 elements and row: 1 load, 3 shifts, 4 vpermw, 1 vpshufb for the scales, then 4
-// vdpbf16ps (8 split) and 1 FMA per token: 0.5 byte per weight plus its scale, decoded once.
+// Per 128 elements and row: 1 load, 3 shifts, 4 vpermw, 1 vpshufb for the scales, then per token
+// 8 vdpbf16ps (x split, exact mode: tile_q4_split) or 4 vpdpwssd (x in int16, the default:
+// tile_q4_i16) and the scale multiplies: 0.5 byte per weight plus its scale, decoded once.
 
 // The 16 code values as bf16, twice (vpermw index bits 0-4).
 __m512i q4_table(DType dtype) {
@@ -494,15 +498,14 @@ inline __m512i q4_scale_bytes(const uint8_t* p, int64_t groups) {
   return kBf16Scale ? _mm512_broadcastq_epi64(v) : _mm512_broadcastd_epi32(v);
 }
 
-// rows n0 + r rs (r < NR; rs > 1: rows from lanes, lane_tiles) of a 4-bit matrix x NT tokens
-// (xq: permute_x_q4's layout, row stride Kq; split: the lo halves lo_off later); writes
-// y[t * N + r * rs]. kBf16Scale: INT4_G32 (bf16 scales),
-// else MXFP4 (e8m0). Register budget: NT x 4 (x 2 split) x vectors + NR x NT totals + 4 codes
-// + a few temporaries: split calls run one token at a time.
-template <int NR, int NT, bool kSplit, bool kBf16Scale>
-void tile_q4(const WeightMatrix& w, int64_t n0, int64_t rs, const uint16_t* xq, int64_t lo_off, int64_t Kq, float* y,
-             int64_t N, const __m512i& table, const Prefetch& pf) {
-  static_assert(!(kSplit && NT > 1), "split calls run one token at a time (registers)");
+// Exact mode (x split into bf16 hi + lo): rows n0 + r rs (r < NR; rs > 1: rows from lanes,
+// lane_tiles) of a 4-bit matrix x one token (xq: permute_x_q4's layout, row stride Kq, the lo
+// halves lo_off later); writes y[r * rs]. kBf16Scale: INT4_G32 (bf16 scales), else MXFP4 (e8m0).
+// The default precision runs tile_q4_i16 below.
+template <int NR, bool kBf16Scale>
+void tile_q4_split(const WeightMatrix& w, int64_t n0, int64_t rs, const uint16_t* xq, int64_t lo_off, int64_t Kq,
+                   float* y, int64_t N, const __m512i& table, const Prefetch& pf) {
+  constexpr int NT = 1;
   const int64_t K = w.in_features, Kh = K / 2, G = K / 32, sb = kBf16Scale ? 2 : 1;
   const int64_t stride = rs * Kh, scale_stride = rs * G * sb;
   const uint8_t* rows = static_cast<const uint8_t*>(w.data) + n0 * Kh;
@@ -521,7 +524,7 @@ void tile_q4(const WeightMatrix& w, int64_t n0, int64_t rs, const uint16_t* xq, 
 #pragma GCC unroll 4
       for (int n = 0; n < 4; ++n) {
         xv[t][n] = _mm512_loadu_si512(xq + t * Kq + k + 32 * n);
-        if constexpr (kSplit) lv[t][n] = _mm512_loadu_si512(xq + lo_off + t * Kq + k + 32 * n);
+        lv[t][n] = _mm512_loadu_si512(xq + lo_off + t * Kq + k + 32 * n);
       }
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
@@ -538,12 +541,10 @@ void tile_q4(const WeightMatrix& w, int64_t n0, int64_t rs, const uint16_t* xq, 
         __m512 pb = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)v2, (__m512bh)xv[t][2]);
         pa = _mm512_dpbf16_ps(pa, (__m512bh)v1, (__m512bh)xv[t][1]);
         pb = _mm512_dpbf16_ps(pb, (__m512bh)v3, (__m512bh)xv[t][3]);
-        if constexpr (kSplit) {
-          pa = _mm512_dpbf16_ps(pa, (__m512bh)v0, (__m512bh)lv[t][0]);
-          pb = _mm512_dpbf16_ps(pb, (__m512bh)v2, (__m512bh)lv[t][2]);
-          pa = _mm512_dpbf16_ps(pa, (__m512bh)v1, (__m512bh)lv[t][1]);
-          pb = _mm512_dpbf16_ps(pb, (__m512bh)v3, (__m512bh)lv[t][3]);
-        }
+        pa = _mm512_dpbf16_ps(pa, (__m512bh)v0, (__m512bh)lv[t][0]);
+        pb = _mm512_dpbf16_ps(pb, (__m512bh)v2, (__m512bh)lv[t][2]);
+        pa = _mm512_dpbf16_ps(pa, (__m512bh)v1, (__m512bh)lv[t][1]);
+        pb = _mm512_dpbf16_ps(pb, (__m512bh)v3, (__m512bh)lv[t][3]);
         tot[r][t] = _mm512_fmadd_ps(_mm512_add_ps(pa, pb), s, tot[r][t]);
       }
     }
@@ -557,24 +558,170 @@ void tile_q4(const WeightMatrix& w, int64_t n0, int64_t rs, const uint16_t* xq, 
   store_tile<NR, NT>(tot, y, N, rs, false);
 }
 
-using Q4TileFn = void (*)(const WeightMatrix&, int64_t, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t,
-                          const __m512i&, const Prefetch&);
-// [bf16 scale][split][rows - 1][tokens - 1]; split calls have one-token tiles only.
-template <bool kBf16Scale, bool kSplit, int NR>
-constexpr Q4TileFn q4_pair_tile() {
-  if constexpr (kSplit) return nullptr;
-  else return &tile_q4<NR, 2, false, kBf16Scale>;
+// ---- 4-bit decode with 16-bit integer activations (the default precision) -------------------
+//
+// vdpbf16ps is a slow instruction on Intel cores: the probe measures it at a quarter of the
+// vfmadd231ps rate on the Xeon VM (half the multiply-adds per second), and the four of them per
+// 128 codes and row kept the bf16 tile at ~14 GB/s even with the weights in L2, under the memory's ~18.
+// vpdpwssd (AVX512-VNNI: 16-bit integer pairs summed into int32) issues at twice its rate there,
+// and the codes are small integers: 2 x e2m1 for MXFP4 ({0, 1, 2, 3, 4, 6, 8, 12} and negatives),
+// the int4 value itself for INT4_G32. So the activations are quantized once per call to int16
+// with one fp32 scale per 32-element group (x ~ q * s, |q| <= 32767): an error of at most s / 2 =
+// max|x of the group| / 65534 per element, which is smaller than rounding to bf16 (2^-9 of the
+// element) for every element above 1/128 of its group's largest, and immaterial below it; the
+// dot product is then exact in int32 (8 products of |12 x 32767| per lane and block) and scaled
+// once per block and lane: by x's group scale, then the weights'. The lanes of vpdpwssd line up
+// with the groups as vdpbf16ps' did (lane i: words 2i, 2i + 1 = elements 8i + n, 8i + 4 + n of the
+// block, group i / 4), so the same code layout, nibble lookups and scale vectors serve both.
+
+// The 16 codes as int16 (2 x e2m1 for MXFP4, whose scale is halved to match), twice (vpermw).
+__m512i q4_int_table(DType dtype) {
+  alignas(64) int16_t t[32];
+  const float multiple = dtype == DType::MXFP4 ? 2.0f : 1.0f;
+  for (int i = 0; i < 32; ++i) t[i] = static_cast<int16_t>(int4_code_table(dtype)[i & 15] * multiple);
+  return _mm512_load_si512(t);
 }
-template <bool B, bool S>
-constexpr Q4TileFn kQ4Tiles[4][2] = {{&tile_q4<1, 1, S, B>, q4_pair_tile<B, S, 1>()},
-                                     {&tile_q4<2, 1, S, B>, q4_pair_tile<B, S, 2>()},
-                                     {&tile_q4<3, 1, S, B>, q4_pair_tile<B, S, 3>()},
-                                     {&tile_q4<4, 1, S, B>, q4_pair_tile<B, S, 4>()}};
+
+// x[T, K] (fp32) -> xq[T, Kq] int16 in permute_x_q4's nibble order, and xs[T, Kq / 128, 16] fp32:
+// lane i of block b holds the scale of group i / 4 (the lanes vpdpwssd sums that group into),
+// times `code_scale` (1/2 for MXFP4's doubled codes). Zero past K. Once per call: the 128-element
+// blocks are vectorized (a scalar loop cost ~5% of an expert's GEMV), a ragged last block is not.
+void quantize_x_q4_i16(const float* x, int64_t T, int64_t K, int64_t Kq, int16_t* xq, float* xs, float code_scale) {
+  // below this a group's 32767 / max overflows fp32 (its scale, max / 32767, is then an fp32
+  // subnormal with fewer bits: groups of activations under 1e-33 only)
+  constexpr float kTinyGroup = 1e-33f;
+  // word j of output vector n is natural element 4j + n: j < 16 from words 0-63, j >= 16 from 64-127
+  alignas(64) static const auto kIndex = [] {
+    std::array<std::array<uint16_t, 32>, 4> idx{};
+    for (int n = 0; n < 4; ++n)
+      for (int j = 0; j < 32; ++j) idx[n][j] = static_cast<uint16_t>(4 * (j % 16) + n);
+    return idx;
+  }();
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xt = x + t * K;
+    for (int64_t b = 0; b < Kq; b += 128) {
+      int16_t* dst = xq + t * Kq + b;
+      float* scale_lanes = xs + (t * Kq + b) / 8;
+      if (b + 128 <= K) {
+        __m512i q[8];
+        for (int g = 0; g < 4; ++g) {
+          const __m512 lo = _mm512_loadu_ps(xt + b + 32 * g), hi = _mm512_loadu_ps(xt + b + 32 * g + 16);
+          const float m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+          if (m < kTinyGroup && m > 0.0f) {  // 32767 / m would overflow fp32: in double
+            alignas(64) int32_t qs[32];
+            for (int i = 0; i < 32; ++i) qs[i] = static_cast<int32_t>(std::nearbyint(xt[b + 32 * g + i] * (32767.0 / m)));
+            q[2 * g] = _mm512_load_si512(qs);
+            q[2 * g + 1] = _mm512_load_si512(qs + 16);
+          } else {
+            const __m512 inv = _mm512_set1_ps(m > 0.0f ? 32767.0f / m : 0.0f);
+            q[2 * g] = _mm512_cvtps_epi32(_mm512_mul_ps(lo, inv));  // nearest even, as nearbyint
+            q[2 * g + 1] = _mm512_cvtps_epi32(_mm512_mul_ps(hi, inv));
+          }
+          _mm_storeu_ps(scale_lanes + 4 * g, _mm_set1_ps(m / 32767.0f * code_scale));
+        }
+        __m512i words[4];  // natural order, 32 int16 each
+        for (int i = 0; i < 4; ++i)
+          words[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtsepi32_epi16(q[2 * i])),
+                                        _mm512_cvtsepi32_epi16(q[2 * i + 1]), 1);
+        for (int n = 0; n < 4; ++n) {
+          const __m512i idx = _mm512_load_si512(kIndex[n].data());
+          const __m512i first = _mm512_permutex2var_epi16(words[0], idx, words[1]);
+          const __m512i second = _mm512_permutex2var_epi16(words[2], idx, words[3]);
+          _mm512_storeu_si512(dst + 32 * n, _mm512_mask_blend_epi16(0xffff0000u, first, second));
+        }
+        continue;
+      }
+      double inv[4];
+      for (int g = 0; g < 4; ++g) {
+        float m = 0.0f;
+        for (int64_t k = b + 32 * g; k < std::min(K, b + 32 * g + 32); ++k) m = std::max(m, std::fabs(xt[k]));
+        inv[g] = m > 0.0f ? 32767.0 / m : 0.0;
+        for (int l = 0; l < 4; ++l) scale_lanes[4 * g + l] = m / 32767.0f * code_scale;
+      }
+      for (int n = 0; n < 4; ++n)
+        for (int j = 0; j < 32; ++j) {
+          const int64_t k = b + 4 * j + n;
+          dst[32 * n + j] = k < K ? static_cast<int16_t>(std::nearbyint(xt[k] * inv[(4 * j + n) / 32])) : 0;
+        }
+    }
+  }
+}
+
+// tile_q4_split with int16 activations (quantize_x_q4_i16's xq / xs, row stride Kq): per 128 codes and
+// row 1 load, 3 shifts, 4 vpermw, the scale vector, then per token 4 vpdpwssd, a conversion and
+// two multiplies.
+template <int NR, int NT, bool kBf16Scale>
+void tile_q4_i16(const WeightMatrix& w, int64_t n0, int64_t rs, const int16_t* xq, const float* xs, int64_t Kq,
+                 float* y, int64_t N, const __m512i& table, const Prefetch& pf) {
+  const int64_t K = w.in_features, Kh = K / 2, G = K / 32, sb = kBf16Scale ? 2 : 1;
+  const int64_t stride = rs * Kh, scale_stride = rs * G * sb, xs_stride = Kq / 8;
+  const uint8_t* rows = static_cast<const uint8_t*>(w.data) + n0 * Kh;
+  const uint8_t* scales = static_cast<const uint8_t*>(w.group_scales) + n0 * G * sb;
+  __m512 tot[NR][NT];
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 2
+    for (int t = 0; t < NT; ++t) tot[r][t] = _mm512_setzero_ps();
+  auto block = [&](int64_t b, __mmask64 m, int64_t groups) __attribute__((always_inline)) {
+    const int64_t k = 128 * b;
+    __m512i xv[NT][4];
+    __m512 sx[NT];
+#pragma GCC unroll 2
+    for (int t = 0; t < NT; ++t) {
+#pragma GCC unroll 4
+      for (int n = 0; n < 4; ++n) xv[t][n] = _mm512_loadu_si512(xq + t * Kq + k + 32 * n);
+      sx[t] = _mm512_loadu_ps(xs + t * xs_stride + 16 * b);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const __m512i wd = _mm512_maskz_loadu_epi8(m, rows + r * stride + 64 * b);
+      const __m512i v0 = _mm512_permutexvar_epi16(wd, table);
+      const __m512i v1 = _mm512_permutexvar_epi16(_mm512_srli_epi16(wd, 4), table);
+      const __m512i v2 = _mm512_permutexvar_epi16(_mm512_srli_epi16(wd, 8), table);
+      const __m512i v3 = _mm512_permutexvar_epi16(_mm512_srli_epi16(wd, 12), table);
+      const __m512 s = q4_block_scales<kBf16Scale>(q4_scale_bytes<kBf16Scale>(scales + r * scale_stride + 4 * b * sb, groups));
+#pragma GCC unroll 2
+      for (int t = 0; t < NT; ++t) {
+        // one chain per row and token, restarted every block: the rows and the next block's
+        // chains overlap it
+        __m512i acc = _mm512_dpwssd_epi32(_mm512_setzero_si512(), v0, xv[t][0]);
+        acc = _mm512_dpwssd_epi32(acc, v1, xv[t][1]);
+        acc = _mm512_dpwssd_epi32(acc, v2, xv[t][2]);
+        acc = _mm512_dpwssd_epi32(acc, v3, xv[t][3]);
+        // x's scale first: the weights' alone can be 2^-127, and times x's a product with
+        // no significant bits left (the e8m0 edge rows of the quant fixture)
+        tot[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), sx[t]), s, tot[r][t]);
+      }
+    }
+  };
+  const int64_t full = K / 128;
+  for (int64_t b = 0; b < full; ++b) {
+    prefetch_rows<NR>(rows + 64 * b, stride, pf);
+    block(b, ~0ull, 4);
+  }
+  if (full * 128 < K) block(full, tail_mask64(Kh - 64 * full), G - 4 * full);
+  store_tile<NR, NT>(tot, y, N, rs, false);
+}
+
+using Q4I16TileFn = void (*)(const WeightMatrix&, int64_t, int64_t, const int16_t*, const float*, int64_t, float*,
+                             int64_t, const __m512i&, const Prefetch&);
+template <bool B>
+constexpr Q4I16TileFn kQ4I16Tiles[4][2] = {{&tile_q4_i16<1, 1, B>, &tile_q4_i16<1, 2, B>},
+                                           {&tile_q4_i16<2, 1, B>, &tile_q4_i16<2, 2, B>},
+                                           {&tile_q4_i16<3, 1, B>, &tile_q4_i16<3, 2, B>},
+                                           {&tile_q4_i16<4, 1, B>, &tile_q4_i16<4, 2, B>}};
+
+using Q4SplitTileFn = void (*)(const WeightMatrix&, int64_t, int64_t, const uint16_t*, int64_t, int64_t, float*,
+                               int64_t, const __m512i&, const Prefetch&);
+// [rows - 1]
+template <bool B>
+constexpr Q4SplitTileFn kQ4SplitTiles[4] = {&tile_q4_split<1, B>, &tile_q4_split<2, B>, &tile_q4_split<3, B>,
+                                            &tile_q4_split<4, B>};
 
 // The batched path (T > 4, x rounded to bf16): rows [n0, n0 + rows) x columns [k0, k0 + width)
 // of a 4-bit matrix dequantized to bf16 with the group scale folded in (exact for MXFP4 unless the
 // product is a bf16 subnormal; one bf16 rounding for INT4), in the panel order below, into
-// dst[rows, width] (row stride ds); k0 and width are multiples of 128. Decoded as in tile_q4
+// dst[rows, width] (row stride ds); k0 and width are multiples of 128. Decoded as in tile_q4_split
 // (four vpermw per 128 codes), then per vector V_n its even and its odd words, widened to fp32,
 // times the lane's group scale, back to bf16. Panel order of a 128-column block: for n = 0..3,
 // 16 values of elements 8i + n, then 16 of elements 8i + 4 + n (i = 0..15): the activations are
@@ -1156,17 +1303,29 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix& w, float* y, con
     permute_x64(xb, (split ? 2 : 1) * T, Kp, xp_buf.data());
   }
   const uint16_t* xp = xp_buf.data();
-  // 4-bit weights here (decode, or exact mode): decoded in registers (tile_q4), x in nibble order.
-  thread_local std::vector<uint16_t> xq4_buf;  // [T, Kq] hi (+ [T, Kq] lo): permute_x_q4
-  const Q4TileFn(*q4_tiles)[2] = nullptr;
-  if (q4) {
-    xq4_buf.resize(static_cast<size_t>((split ? 2 : 1) * T * Kq));
-    permute_x_q4(xb, (split ? 2 : 1) * T, Kp, Kq, xq4_buf.data());
-    const bool int4 = w.dtype == DType::INT4_G32;
-    q4_tiles = int4 ? (split ? kQ4Tiles<true, true> : kQ4Tiles<true, false>)
-                    : (split ? kQ4Tiles<false, true> : kQ4Tiles<false, false>);
+  // 4-bit weights here (decode, or exact mode): decoded in registers, x in nibble order: int16
+  // with group scales by default (tile_q4_i16), bf16 hi + lo in exact mode (tile_q4_split).
+  thread_local std::vector<uint16_t> xq4_buf;  // [T, Kq] hi (+ [T, Kq] lo): permute_x_q4 (exact)
+  thread_local std::vector<int16_t> xi16_buf;  // [T, Kq]: quantize_x_q4_i16 (default)
+  thread_local std::vector<float> xs16_buf;    // [T, Kq / 128, 16]
+  const Q4SplitTileFn* q4_split_tiles = nullptr;
+  const Q4I16TileFn(*q4_i16_tiles)[2] = nullptr;
+  static const __m512i mxfp4_ints = q4_int_table(DType::MXFP4), int4_ints = q4_int_table(DType::INT4_G32);
+  const bool int4 = w.dtype == DType::INT4_G32;
+  if (q4 && split) {
+    xq4_buf.resize(static_cast<size_t>(2 * T * Kq));
+    permute_x_q4(xb, 2 * T, Kp, Kq, xq4_buf.data());
+    q4_split_tiles = int4 ? kQ4SplitTiles<true> : kQ4SplitTiles<false>;
+  } else if (q4) {
+    xi16_buf.resize(static_cast<size_t>(T * Kq));
+    xs16_buf.resize(static_cast<size_t>(T * Kq / 8));
+    quantize_x_q4_i16(x, T, K, Kq, xi16_buf.data(), xs16_buf.data(), int4 ? 1.0f : 0.5f);
+    q4_i16_tiles = int4 ? kQ4I16Tiles<true> : kQ4I16Tiles<false>;
   }
+  // pointers, not the thread_local buffers: the tiles run on pool workers, which have their own
   const uint16_t* xq4 = xq4_buf.data();
+  const int16_t* xi16 = xi16_buf.data();
+  const float* xs16 = xs16_buf.data();
   const int64_t groups = (N + 3) / 4;
   // Decode-sized calls stream each weight once: rows in lanes (lane_tiles), all tokens per tile.
   const bool bf16_direct = w.dtype == DType::BF16 && T <= kBf16DirectMaxTokens;
@@ -1178,7 +1337,13 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix& w, float* y, con
       lane_tiles(n_begin, n_end, [&](int64_t n0, int64_t nr, int64_t rs) {
         for (int64_t t = 0; t < T;) {
           const int64_t nt = split ? 1 : std::min<int64_t>(2, T - t);
-          q4_tiles[nr - 1][nt - 1](w, n0, rs, xq4 + t * Kq, T * Kq, Kq, y + t * N + n0, N, q4_codes, kDecodePrefetch);
+          if (split) {
+            q4_split_tiles[nr - 1](w, n0, rs, xq4 + t * Kq, T * Kq, Kq, y + t * N + n0, N, q4_codes, kDecodePrefetch);
+          } else {
+            const __m512i& ints = int4 ? int4_ints : mxfp4_ints;
+            q4_i16_tiles[nr - 1][nt - 1](w, n0, rs, xi16 + t * Kq, xs16 + t * Kq / 8, Kq,
+                                         y + t * N + n0, N, ints, kDecodePrefetch);
+          }
           t += nt;
         }
       });
