@@ -6,7 +6,8 @@
 # llama.cpp | moat / llama.cpp) and the llama.cpp version on stdout, progress on stderr; bench/run.sh
 # puts it in BENCHMARKS.md as the `peer` section (ONLY=peer bench/run.sh).
 #
-# llama.cpp is built by you, outside this repository (CPU backend, native ISA):
+# llama.cpp is built by you, outside this repository (CPU backend, native ISA; where the tree has no
+# tools/, as the npm copies of llama.cpp, the library alone and bench/libllama_bench.cpp stand in):
 #   cmake -S $LLAMA_CPP_DIR -B $LLAMA_CPP_DIR/build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DGGML_CUDA=OFF \
 #     -DCMAKE_BUILD_TYPE=Release && cmake --build $LLAMA_CPP_DIR/build -j --target llama-bench
 #   LLAMA_CPP_DIR=/path/to/llama.cpp bench/llama_cpp_peer.sh
@@ -18,7 +19,8 @@
 #   BUILD_DIR=build, THREADS=1,2, PEER_PROMPT=512 (prefill tokens), PEER_GEN=128 (decode tokens:
 #   llama-bench -n, model_bench --decode-tokens), PEER_REPS=5 (llama-bench -r), BF16_MODEL=checkpoints/bench,
 #   FP8_MODEL=checkpoints/bench-fp8 (FP8_MODEL= skips the FP8 rows), GGUF_DIR=checkpoints/gguf,
-#   LLAMA_BENCH_ARGS (extra llama-bench flags), MOAT_ARGS (extra model_bench flags, e.g. --exact),
+#   LLAMA_BENCH_ARGS (extra llama-bench flags), LLAMA_BENCH_FP8_ARGS (more, for the Q8_0 run only: e.g.
+#   `-nr 1`, where llama.cpp's AMX buffers abort on deepseek2's Q8_0 weights), MOAT_ARGS (extra model_bench flags, e.g. --exact),
 #   PYTHON=/usr/bin/python3, PEER_BUILD=0 (use $BUILD_DIR/model_bench as it is, no cmake --build).
 # A quick check of the plumbing (seconds of benchmark, not numbers to keep):
 #   PEER_PROMPT=16 PEER_GEN=4 PEER_REPS=1 LLAMA_CPP_DIR=... bench/llama_cpp_peer.sh
@@ -29,12 +31,22 @@ if [[ -z "${LLAMA_CPP_DIR:-}" ]]; then
   echo "bench/llama_cpp_peer.sh: set LLAMA_CPP_DIR to a llama.cpp checkout built with llama-bench (see the top of this script)" >&2
   exit 2
 fi
-LLAMA_BENCH=${LLAMA_BENCH:-$LLAMA_CPP_DIR/build/bin/llama-bench}
-if [[ ! -x "$LLAMA_BENCH" ]]; then
-  echo "bench/llama_cpp_peer.sh: no llama-bench at $LLAMA_BENCH: build it (cmake --build \$LLAMA_CPP_DIR/build --target llama-bench) or set LLAMA_BENCH" >&2
-  exit 2
-fi
 BUILD_DIR=${BUILD_DIR:-build}
+LLAMA_BENCH=${LLAMA_BENCH:-$LLAMA_CPP_DIR/build/bin/llama-bench}
+peer_tool="llama-bench"
+if [[ ! -x "$LLAMA_BENCH" ]]; then
+  # A tree with libllama but no tools/ (the npm copies of llama.cpp): our stand-in over llama.h,
+  # which times the same pp / tg tests (bench/libllama_bench.cpp).
+  lib_dir=$(dirname "$(find "$LLAMA_CPP_DIR/build" -name 'libllama.so' -print -quit 2>/dev/null)" 2>/dev/null || true)
+  if [[ -z "$lib_dir" || "$lib_dir" == . || ! -f "$LLAMA_CPP_DIR/include/llama.h" ]]; then
+    echo "bench/llama_cpp_peer.sh: no llama-bench at $LLAMA_BENCH and no libllama.so under $LLAMA_CPP_DIR/build: build llama.cpp (see the top of this script) or set LLAMA_BENCH" >&2
+    exit 2
+  fi
+  LLAMA_BENCH="$BUILD_DIR/libllama_bench"
+  g++ -O2 -std=c++17 bench/libllama_bench.cpp -I"$LLAMA_CPP_DIR/include" -I"$LLAMA_CPP_DIR/ggml/include" \
+    -L"$lib_dir" -lllama -lggml -lggml-base -Wl,-rpath,"$lib_dir" -o "$LLAMA_BENCH"
+  peer_tool="bench/libllama_bench (no llama-bench in that tree)"
+fi
 THREADS=${THREADS:-1,2}
 PEER_PROMPT=${PEER_PROMPT:-512}
 PEER_GEN=${PEER_GEN:-128}
@@ -43,6 +55,7 @@ BF16_MODEL=${BF16_MODEL-checkpoints/bench}
 FP8_MODEL=${FP8_MODEL-checkpoints/bench-fp8}
 GGUF_DIR=${GGUF_DIR:-checkpoints/gguf}
 LLAMA_BENCH_ARGS=${LLAMA_BENCH_ARGS:-}
+LLAMA_BENCH_FP8_ARGS=${LLAMA_BENCH_FP8_ARGS:-}
 # llama.cpp runs under each of these (llama-bench -lm) and is credited with its best: on a VM whose
 # page cache holds the GGUF in 4 KiB pages, its mmap pays a TLB miss per page (decode at less than
 # half the speed it reaches with the weights read into memory, `none`).
@@ -100,7 +113,10 @@ print(kind, "moat", t, pre.group(2), "-", dec.group(1), "-")
 PY
     echo "peer: $kind, $t thread(s): llama-bench" >&2
     # shellcheck disable=SC2086
-    "$LLAMA_BENCH" -m "$gguf" -p "$PEER_PROMPT" -n "$PEER_GEN" -r "$PEER_REPS" -t "$t" -lm "$LLAMA_LOAD_MODES" -o json $LLAMA_BENCH_ARGS \
+    local kind_args=""
+    [[ $kind == fp8 ]] && kind_args=$LLAMA_BENCH_FP8_ARGS
+    # shellcheck disable=SC2086
+    "$LLAMA_BENCH" -m "$gguf" -p "$PEER_PROMPT" -n "$PEER_GEN" -r "$PEER_REPS" -t "$t" -lm "$LLAMA_LOAD_MODES" -o json $LLAMA_BENCH_ARGS $kind_args \
       >"$log_dir/llama.json" 2>"$log_dir/llama.err" ||
       { tail -20 "$log_dir/llama.err" >&2; echo "peer: llama-bench failed" >&2; return 1; }
     "$PYTHON" - "$kind" "$t" "$PEER_PROMPT" "$PEER_GEN" "$log_dir/llama.json" "$log_dir/build" >>"$results" <<'PY'
@@ -156,9 +172,9 @@ ggml_version=$(cmake_version "$LLAMA_CPP_DIR/ggml/CMakeLists.txt" GGML_VERSION)
 commit=$(git -C "$LLAMA_CPP_DIR" describe --tags --always --dirty 2>/dev/null || true)
 
 "$PYTHON" - "$results" "$log_dir/build" "$THREADS" "$PEER_PROMPT" "$PEER_GEN" "$PEER_REPS" "$BF16_MODEL" "$FP8_MODEL" \
-  "${version:-?}" "${ggml_version:-?}" "$commit" "$LLAMA_BENCH_ARGS" "$MOAT_ARGS" "$LLAMA_LOAD_MODES" <<'PY'
+  "${version:-?}" "${ggml_version:-?}" "$commit" "$LLAMA_BENCH_ARGS" "$MOAT_ARGS" "$LLAMA_LOAD_MODES" "$peer_tool" "$LLAMA_BENCH_FP8_ARGS" <<'PY'
 import json, sys
-results, build, threads, p, n, reps, bf16_model, fp8_model, version, ggml_version, commit, lb_args, moat_args, load_modes = sys.argv[1:15]
+results, build, threads, p, n, reps, bf16_model, fp8_model, version, ggml_version, commit, lb_args, moat_args, load_modes, tool, fp8_args = sys.argv[1:17]
 r = {}
 for line in open(results):
     kind, engine, t, pre, pre_sd, dec, dec_sd = line.split()
@@ -185,9 +201,9 @@ print()
 commit = commit or (b.get("build_commit") or "?")
 fa = {-1: "auto", 0: "off", 1: "on"}.get(b.get("flash_attn"), b.get("flash_attn"))
 print(f"llama.cpp {version} (ggml {ggml_version}, commit {commit}; backend {b.get('backends')}, cpu_info "
-      f"{b.get('cpu_info')!r}): `llama-bench -p {p} -n {n} -r {reps} -t T -lm {load_modes}{(' ' + lb_args) if lb_args else ''}` "
+      f"{b.get('cpu_info')!r}), measured by {tool}: `llama-bench -p {p} -n {n} -r {reps} -t T -lm {load_modes}{(' ' + lb_args) if lb_args else ''}` "
       f"(median of {reps} repetitions (min-max, the load mode that did best); n_batch {b.get('n_batch')}, n_ubatch {b.get('n_ubatch')}, flash attention {fa}, "
-      f"KV cache {b.get('type_k')}). moat: `model_bench --prompt-tokens {p} --decode-tokens {n}"
+      f"KV cache {b.get('type_k')}{('; the Q8_0 rows with ' + fp8_args) if fp8_args else ''}). moat: `model_bench --prompt-tokens {p} --decode-tokens {n}"
       f"{(' ' + moat_args) if moat_args else ''}` (one measurement; decode after the {p}-token prompt, llama-bench's "
       f"tg{n} from an empty cache).")
 PY

@@ -312,8 +312,9 @@ peer_section() {
   if [[ -z "$peer_rows" ]]; then
     echo "$peer_note"
   else
-    echo "bench/llama_cpp_peer.sh: llama.cpp's llama-bench (CPU backend, native ISA, built outside this repository)"
-    echo "and moat's model_bench on the same weights, in one run, the engines alternating per thread count. bf16: the"
+    echo "bench/llama_cpp_peer.sh: llama.cpp's llama-bench (CPU backend, native ISA, built outside this repository; or"
+    echo "bench/libllama_bench, the same pp / tg tests over libllama, where the tree has no tools/: the line under the"
+    echo "table says which) and moat's model_bench on the same weights, in one run, the engines alternating per thread count. bf16: the"
     echo "bench checkpoint, converted by bench/gguf_from_hf.py to a BF16 GGUF (norms and router f32, as llama.cpp's own"
     echo "converter writes them). FP8 vs Q8_0: the FP8 bench checkpoint (e4m3, 128x128 block scales) for moat; for"
     echo "llama.cpp its FP8 matrices dequantized and quantized to Q8_0 (8.5 bits a weight), the embedding and lm_head"
