@@ -1,6 +1,7 @@
 #include "models/deepseek_v3.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <span>
@@ -410,8 +411,11 @@ void DeepseekModel::reserve(int64_t T) {
   if (options_.mtp) grow(mtp_cat_, T * 2 * H);
   if (c.linear_attn) {
     const int64_t width = c.linear_attn->num_heads * c.linear_attn->head_dim;
-    for (Buffer* b : {&kda_proj_, &kda_q_, &kda_k_, &kda_v_, &kda_g_, &kda_out_, &kda_gate_out_}) grow(*b, T * width);
+    for (Buffer* b : {&kda_q_, &kda_k_, &kda_v_, &kda_g_, &kda_out_, &kda_gate_out_}) grow(*b, T * width);
+    // q / k / v projections: side by side in decode-sized calls (kda_attention's matmul group)
+    grow(kda_proj_, std::max(T, 3 * std::min(T, kKdaGroupMaxTokens)) * width);
     grow(kda_low_, T * c.linear_attn->head_dim);
+    grow(kda_gate_low_, T * c.linear_attn->head_dim);
     grow(kda_beta_, T * c.linear_attn->num_heads);
   }
   topk_ids_.resize(static_cast<size_t>(T * std::max<int64_t>(1, c.num_experts_per_tok)));
@@ -591,19 +595,20 @@ void DeepseekModel::attention(const LayerWeights& layer, const ForwardBatch& bat
   const int64_t qk = nope + rope, kv_lora = c.kv_lora_rank, D = kv_lora + rope, vdim = c.v_head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  // q: [T, heads, nope + rope]
+  // The projections of x, as one matmul group: q ([T, q_lora] low rank, or [T, heads, nope + rope]),
+  // kv ([T, kv_lora + rope]) and K3's output gate ([T, heads * v]).
   float* q = q_.data();
+  float* kv = kv_.data();
+  std::array<ops::MatmulOut, 3> projections{
+      {{A.q_a_proj ? &*A.q_a_proj : &*A.q_proj, A.q_a_proj ? q_lora_.data() : q}, {&A.kv_a_proj_with_mqa, kv}}};
+  if (A.output_gate) projections[2] = {&*A.output_gate, attn_gate_.data()};
+  ops_.matmul_group(x, T, projections.data(), A.output_gate ? 3 : 2);
   if (A.q_a_proj) {
     const int64_t ql = *c.q_lora_rank;
-    ops_.matmul(x, T, *A.q_a_proj, q_lora_.data());                    // [T, q_lora]
     ops_.rms_norm(q_lora_.data(), A.q_a_layernorm.data(), T, ql, eps, q_lora_.data());
-    ops_.matmul(q_lora_.data(), T, *A.q_b_proj, q);
-  } else {
-    ops_.matmul(x, T, *A.q_proj, q);
+    ops_.matmul(q_lora_.data(), T, *A.q_b_proj, q);  // [T, heads, nope + rope]
   }
-  // kv: [T, kv_lora + rope] -> the cache rows of this layer: normed latent, roped k_pe
-  float* kv = kv_.data();
-  ops_.matmul(x, T, A.kv_a_proj_with_mqa, kv);
+  // kv -> the cache rows of this layer: normed latent, roped k_pe
   if (!c.mla_use_nope) {  // Kimi Linear's MLA uses the rope-width slices unrotated
     ops_.rope({kv + kv_lora, T, 1, D, D, rope, batch.positions.data(), rope_.cos.data(), rope_.sin.data()});
     ops_.rope({q + nope, T, heads, heads * qk, qk, rope, batch.positions.data(), rope_.cos.data(), rope_.sin.data()});
@@ -630,8 +635,7 @@ void DeepseekModel::attention(const LayerWeights& layer, const ForwardBatch& bat
   ops_.head_matmul({.x = attn_latent_.data(), .x_token_stride = heads * kv_lora, .x_head_stride = kv_lora,
                     .num_tokens = T, .num_heads = heads, .weights = A.w_uv.data(), .y = attn_v_.data(),
                     .y_token_stride = heads * vdim, .y_head_stride = vdim});
-  if (A.output_gate) {  // K3: attn_v * sigmoid(g_proj(x)), per element
-    ops_.matmul(x, T, *A.output_gate, attn_gate_.data());
+  if (A.output_gate) {  // K3: attn_v * sigmoid(g_proj(x)), per element (g_proj(x) from the group above)
     ops_.sigmoid_mul(attn_v_.data(), attn_gate_.data(), T * heads * vdim, attn_v_.data());
   }
   ops_.matmul(attn_v_.data(), T, A.o_proj, out);  // [T, hidden]
@@ -639,8 +643,7 @@ void DeepseekModel::attention(const LayerWeights& layer, const ForwardBatch& bat
 
 void DeepseekModel::mlp(const MlpWeights& w, const float* x, int64_t T, float* out, float* gate, float* up) {
   const int64_t n = w.gate_proj.out_features;
-  ops_.matmul(x, T, w.gate_proj, gate);  // [T, n]
-  ops_.matmul(x, T, w.up_proj, up);      // [T, n]
+  ops_.matmul_group(x, T, {{&w.gate_proj, gate}, {&w.up_proj, up}});  // [T, n] each
   gated_activation(gate, up, T, n);
   ops_.matmul(gate, T, w.down_proj, out);  // [T, hidden]
 }

@@ -296,7 +296,10 @@ class DeepseekModel {
   std::vector<float> topk_weights_;  // [T, top_k]
   std::vector<int32_t> kv_lens_;  // [T] rows each token attends to (its position + 1)
   // KDA workspace: q, k, v after projection and after the conv [T, width] each, gate and output
-  Buffer kda_proj_, kda_q_, kda_k_, kda_v_, kda_low_, kda_g_, kda_beta_, kda_out_, kda_gate_out_;
+  Buffer kda_proj_, kda_q_, kda_k_, kda_v_, kda_low_, kda_gate_low_, kda_g_, kda_beta_, kda_out_, kda_gate_out_;
+  // KDA calls of at most this many tokens project x as one matmul group (kda_proj_ then holds the
+  // q, k and v projections side by side); longer ones one projection at a time.
+  static constexpr int64_t kKdaGroupMaxTokens = 64;
   std::vector<int64_t> kda_layer_index_;  // [layers] index among the KDA layers, -1 for MLA
   int64_t num_mla_layers_ = 0;            // layers with a latent cache (an MTP head: its one layer)
   // keep_step_states: per sequence of the last step, where its step states start in kda_steps_

@@ -64,29 +64,43 @@ void DeepseekModel::kda_attention(const KdaWeights& w, int64_t kda_index, const 
     }
   }
 
-  // q, k, v: projection then the causal conv + SiLU, each with its own conv state  [T, width]
-  auto project_conv = [&](const WeightMatrix& proj, const std::vector<float>& conv_w,
+  // Every projection of x: q, k, v [T, width] (before their convs), the decay's low rank [T, K], beta
+  // logits [T, heads] and the output gate ([T, width] full rank, K3; else its low rank [T, K]).
+  // Decode-sized calls run them as one matmul group (one pool dispatch instead of six); prefill
+  // chunks one at a time, q / k / v through one buffer (three would be 3 x T x width floats).
+  const bool grouped = T <= kKdaGroupMaxTokens;
+  float* proj_q = kda_proj_.data();
+  float* proj_k = grouped ? proj_q + T * width : proj_q;
+  float* proj_v = grouped ? proj_k + T * width : proj_q;
+  float* gate_low = kda_gate_low_.data();
+  float* gate_dst = w.g_proj ? kda_gate_out_.data() : gate_low;
+  const WeightMatrix& gate_proj = w.g_proj ? *w.g_proj : w.g_a_proj;
+  if (grouped)
+    ops_.matmul_group(x, T, {{&w.q_proj, proj_q}, {&w.k_proj, proj_k}, {&w.v_proj, proj_v},
+                             {&w.f_a_proj, kda_low_.data()}, {&w.b_proj, kda_beta_.data()}, {&gate_proj, gate_dst}});
+  // q, k, v: the causal conv + SiLU, each with its own conv state  [T, width]
+  auto project_conv = [&](const WeightMatrix& proj, float* projected, const std::vector<float>& conv_w,
                           std::vector<float*> Seqs::*conv_state, std::vector<float*> Seqs::*step, float* y) {
-    ops_.matmul(x, T, proj, kda_proj_.data());
+    if (!grouped) ops_.matmul(x, T, proj, projected);
     for (Seqs& g : groups) {
       if (g.start.empty()) continue;
-      ops_.short_conv({.x = kda_proj_.data(), .x_stride = width, .num_tokens = T, .channels = width, .width = conv,
+      ops_.short_conv({.x = projected, .x_stride = width, .num_tokens = T, .channels = width, .width = conv,
                        .weight = conv_w.data(), .num_seqs = static_cast<int64_t>(g.start.size()),
                        .seq_start = g.start.data(), .seq_len = g.len.data(), .states = (g.*conv_state).data(),
                        .y = y, .y_stride = width, .step_states = (g.*step).empty() ? nullptr : (g.*step).data()});
     }
   };
-  project_conv(w.q_proj, w.q_conv, &Seqs::conv_q, &Seqs::step_q, kda_q_.data());
-  project_conv(w.k_proj, w.k_conv, &Seqs::conv_k, &Seqs::step_k, kda_k_.data());
-  project_conv(w.v_proj, w.v_conv, &Seqs::conv_v, &Seqs::step_v, kda_v_.data());
+  project_conv(w.q_proj, proj_q, w.q_conv, &Seqs::conv_q, &Seqs::step_q, kda_q_.data());
+  project_conv(w.k_proj, proj_k, w.k_conv, &Seqs::conv_k, &Seqs::step_k, kda_k_.data());
+  project_conv(w.v_proj, proj_v, w.v_conv, &Seqs::conv_v, &Seqs::step_v, kda_v_.data());
 
   // Decay g [T, width] and beta logits [T, heads]
-  ops_.matmul(x, T, w.f_a_proj, kda_low_.data());
+  if (!grouped) ops_.matmul(x, T, w.f_a_proj, kda_low_.data());
   ops_.matmul(kda_low_.data(), T, w.f_b_proj, kda_g_.data());
   ops_.kda_gate({.raw = kda_g_.data(), .num_tokens = T, .num_heads = heads, .head_dim = K, .a_log = w.a_log.data(),
                  .dt_bias = w.dt_bias.data(), .lower_bound = static_cast<float>(la.gate_lower_bound),
                  .g = kda_g_.data()});
-  ops_.matmul(x, T, w.b_proj, kda_beta_.data());
+  if (!grouped) ops_.matmul(x, T, w.b_proj, kda_beta_.data());
 
   for (int group : {stepped, chunked, recurrent_only}) {
     Seqs& g = groups[group];
@@ -101,12 +115,8 @@ void DeepseekModel::kda_attention(const KdaWeights& w, int64_t kda_index, const 
   }
 
   // Output gate (K3: full rank), per-head norm, projection
-  if (w.g_proj) {
-    ops_.matmul(x, T, *w.g_proj, kda_gate_out_.data());
-  } else {
-    ops_.matmul(x, T, w.g_a_proj, kda_low_.data());
-    ops_.matmul(kda_low_.data(), T, w.g_b_proj, kda_gate_out_.data());
-  }
+  if (!grouped) ops_.matmul(x, T, gate_proj, gate_dst);
+  if (!w.g_proj) ops_.matmul(gate_low, T, w.g_b_proj, kda_gate_out_.data());
   // eps 1e-5: vLLM and sglang build o_norm with the class default, not config.rms_norm_eps (HF
   // passes the config's; the published config says 1e-5, so all agree there). 1e-6 instead moves
   // the tiny golden's logits by ~1 relative: the per-head outputs are small.

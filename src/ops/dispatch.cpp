@@ -76,7 +76,11 @@ Result<OpTable> OpTable::resolve(Backend backend, const ModelOpNeeds& needs) {
     void* fn = r.resolution.kernel->fn;
     switch (r.op) {
       case OpId::embedding: table.embedding_ = reinterpret_cast<EmbeddingFn>(fn); break;
-      case OpId::matmul: table.matmul_[static_cast<int>(r.shape.weight_dtype)] = reinterpret_cast<MatmulFn>(fn); break;
+      case OpId::matmul:
+        table.matmul_[static_cast<int>(r.shape.weight_dtype)] = reinterpret_cast<MatmulFn>(fn);
+        table.matmul_group_[static_cast<int>(r.shape.weight_dtype)] =
+            reinterpret_cast<MatmulGroupFn>(r.resolution.kernel->group_fn);
+        break;
       case OpId::rms_norm: table.rms_norm_ = reinterpret_cast<RmsNormFn>(fn); break;
       case OpId::rope: table.rope_ = reinterpret_cast<RopeFn>(fn); break;
       case OpId::silu_mul: table.silu_mul_ = reinterpret_cast<SiluMulFn>(fn); break;
@@ -125,6 +129,30 @@ double routed_expert_bytes(const MoeExpertsArgs& args) {
     bytes += static_cast<double>(w.gate_proj.bytes() + w.up_proj.bytes() + w.down_proj.bytes());
   }
   return bytes;
+}
+
+void OpTable::matmul_group(const float* x, int64_t T, const MatmulOut* outs, int64_t count) const {
+  MOAT_CHECK(count >= 1 && count <= kMaxMatmulGroup, "matmul_group of {} weights (1..{})", count, kMaxMatmulGroup);
+  const WeightMatrix& first = *outs[0].w;
+  bool one_call = matmul_group_[static_cast<int>(first.dtype)] != nullptr;
+  std::array<const WeightMatrix*, kMaxMatmulGroup> ws{};
+  std::array<float*, kMaxMatmulGroup> ys{};
+  double bytes = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const WeightMatrix* w = outs[i].w;
+    MOAT_CHECK(w->in_features == first.in_features, "matmul_group: weights of {} and {} inputs share no x",
+               first.in_features, w->in_features);
+    one_call = one_call && w->dtype == first.dtype;
+    ws[i] = w;
+    ys[i] = outs[i].y;
+    bytes += static_cast<double>(w->bytes());
+  }
+  if (!one_call) {
+    for (int64_t j = 0; j < count; ++j) matmul(x, T, *ws[j], ys[j]);
+    return;
+  }
+  OpProfileScope scope(profile_, OpProfile::matmul, profile_ ? bytes : 0);
+  matmul_group_[static_cast<int>(first.dtype)](x, T, ws.data(), ys.data(), count, precision_);
 }
 
 void OpTable::mla_attention(const MlaAttentionArgs& args) const {

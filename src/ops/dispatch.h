@@ -4,6 +4,7 @@
 
 #include <array>
 #include <chrono>
+#include <initializer_list>
 #include <vector>
 
 #include "base/check.h"
@@ -86,6 +87,12 @@ class OpProfileScope {
 // The bytes of the distinct routed experts a moe_experts call reads (each streams once per call).
 double routed_expert_bytes(const MoeExpertsArgs& args);
 
+// One weight of an OpTable::matmul_group and where its product goes.
+struct MatmulOut {
+  const WeightMatrix* w;
+  float* y;
+};
+
 class OpTable {
  public:
   // Resolves every op (including every sampling op). Fails, naming each unsupported op, backend,
@@ -105,6 +112,13 @@ class OpTable {
     MOAT_CHECK(fn != nullptr, "matmul for {} was not resolved at load time", dtype_name(w.dtype));
     OpProfileScope scope(profile_, OpProfile::matmul, profile_ ? static_cast<double>(w.bytes()) : 0);
     fn(x, T, w, y, precision_);
+  }
+  // y_i = x . W_i^T for weights that read one x (MatmulGroupFn): one call to the resolved kernel's
+  // group entry when they share a dtype and it has one (one pool dispatch), else a matmul each.
+  // Results are the same either way. At most kMaxMatmulGroup weights.
+  void matmul_group(const float* x, int64_t T, const MatmulOut* outs, int64_t count) const;
+  void matmul_group(const float* x, int64_t T, std::initializer_list<MatmulOut> outs) const {
+    matmul_group(x, T, outs.begin(), static_cast<int64_t>(outs.size()));
   }
   // Attaches a profile every op of this table adds to (nullptr: none). Not thread-safe: one
   // forward at a time, as a model runs them.
@@ -207,6 +221,7 @@ class OpTable {
   std::vector<ResolvedOp> resolved_;
   EmbeddingFn embedding_ = nullptr;
   std::array<MatmulFn, 16> matmul_{};
+  std::array<MatmulGroupFn, 16> matmul_group_{};  // nullptr where the resolved kernel has no group entry
   RmsNormFn rms_norm_ = nullptr;
   RopeFn rope_ = nullptr;
   SiluMulFn silu_mul_ = nullptr;

@@ -28,7 +28,8 @@ struct MatmulPrecision {
   // took 488 ms instead of 376 ms (engine_bench, one run).
   int64_t split_max_tokens = 0;
   // Quantized weights (fp8, MXFP4, INT4_G32) split too (exact) instead of rounding x to bf16
-  // (W8A16 / W4A16, the default).
+  // (W8A16 / W4A16, the default; 4-bit decode-sized calls quantize x to int16 per 32 elements
+  // instead, which is more accurate than bf16 and runs on integer dot products).
   bool fp8_split = false;
 
   static MatmulPrecision exact() { return {INT64_MAX, true}; }
@@ -36,6 +37,16 @@ struct MatmulPrecision {
 
 // y[T, out] = x[T, in] . W^T. W streams from memory once for all T rows.
 using MatmulFn = void (*)(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision);
+
+// The same product for `count` weights that read one x (one dtype and in_features), y[i] =
+// x . w[i]^T: a layer's projections of one input (q / kv_a, gate / up, KDA's q / k / v / f_a / b /
+// g). A matmul kernel may offer it (KernelEntry::group_fn): x prepared once, and every matrix's
+// rows split over the pool in one dispatch, so a decode step waits at one barrier instead of
+// `count`. Results equal `count` separate calls bit for bit. OpTable::matmul_group runs separate
+// calls where the resolved kernel has none.
+inline constexpr int64_t kMaxMatmulGroup = 8;
+using MatmulGroupFn = void (*)(const float* x, int64_t T, const WeightMatrix* const* w, float* const* y, int64_t count,
+                               const MatmulPrecision& precision);
 
 // y[T, dim] (may alias x)
 using RmsNormFn = void (*)(const float* x, const float* weight, int64_t T, int64_t dim, float eps,

@@ -74,6 +74,8 @@ struct KernelEntry {
   // Backends for which this kernel is a declared fallback (reference kernels run on host
   // memory, so they back up the cpu backend).
   std::vector<Backend> fallback_for;
+  // matmul kernels only, optional: the same kernel over weights sharing x (MatmulGroupFn).
+  void* group_fn = nullptr;
 };
 
 struct Resolution {

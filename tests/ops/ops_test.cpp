@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "base/thread_pool.h"
 #include "base/weight.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "ops/dispatch.h"
@@ -149,6 +150,74 @@ TEST(OpsMatmul, EveryHostKernelMatchesReference) {
       }
     }
   }
+}
+
+// A matmul group (weights that share x) equals one call per weight bit for bit, on every kernel
+// that offers one, at 1 and 2 threads (the pool splits the group's rows across matrices),
+// decode-sized and batched T, both precisions.
+TEST(OpsMatmul, GroupsEqualSeparateCallsBitForBit) {
+  std::mt19937 rng(21);
+  const int64_t K = 300;                    // a ragged fp8 block and a partial 64-column step
+  const int64_t outs[] = {37, 5, 130, 64};  // rows not a multiple of 4, one matrix of 5 rows
+  for (DType dtype : {DType::BF16, DType::F16, DType::F8_E4M3}) {
+    std::vector<TestWeight> weights;
+    for (int64_t N : outs) weights.push_back(make_weight(dtype, N, K, rng));
+    std::vector<const WeightMatrix*> ws;
+    for (const TestWeight& t : weights) ws.push_back(&t.w);
+    int grouped_kernels = 0;
+    for (const KernelEntry* k : host_kernels(OpId::matmul, OpShape{.weight_dtype = dtype})) {
+      if (k->group_fn == nullptr) continue;
+      ++grouped_kernels;
+      for (int threads : {1, 2}) {
+        ThreadPool pool(threads);
+        ScopedThreadPool scope(pool);
+        for (int64_t T : {1, 3, 5, 17, 64})
+          for (const MatmulPrecision& precision : {MatmulPrecision{}, MatmulPrecision::exact()}) {
+            const auto x = randn(static_cast<size_t>(T * K), rng);
+            std::vector<std::vector<float>> separate, grouped;
+            std::vector<float*> ys;
+            for (const TestWeight& t : weights) {
+              separate.emplace_back(static_cast<size_t>(T * t.w.out_features), NAN);
+              grouped.emplace_back(static_cast<size_t>(T * t.w.out_features), NAN);
+              fn_of<MatmulFn>(k)(x.data(), T, t.w, separate.back().data(), precision);
+            }
+            for (auto& g : grouped) ys.push_back(g.data());
+            reinterpret_cast<MatmulGroupFn>(k->group_fn)(x.data(), T, ws.data(), ys.data(),
+                                                         static_cast<int64_t>(ws.size()), precision);
+            for (size_t i = 0; i < weights.size(); ++i)
+              EXPECT_EQ(grouped[i], separate[i]) << k->name << " " << dtype_name(dtype) << " weight " << i
+                                                 << " T=" << T << " threads=" << threads;
+          }
+      }
+    }
+    if (cpu_has_isa("avx512bf16")) EXPECT_GT(grouped_kernels, 0) << "the avx512bf16 kernels offer a group entry";
+  }
+}
+
+// OpTable::matmul_group: one group call where the weights share a dtype, one matmul each where
+// they do not (a bf16 and an f32 weight); the same products either way.
+TEST(OpsMatmul, OpTableGroupsOrFallsBackWithTheSameResults) {
+  std::mt19937 rng(22);
+  auto table = OpTable::resolve(Backend::cpu, ModelOpNeeds{.matmul_dtypes = {DType::BF16, DType::F32},
+                                                           .heads_per_rank = 16,
+                                                           .attention_head_dim = 576});
+  ASSERT_TRUE(table.ok()) << table.error().message;
+  const int64_t K = 256, T = 2;
+  const TestWeight a = make_weight(DType::BF16, 40, K, rng), b = make_weight(DType::BF16, 24, K, rng),
+                   c = make_weight(DType::F32, 12, K, rng);
+  const auto x = randn(static_cast<size_t>(T * K), rng);
+  std::vector<float> ya(T * 40), yb(T * 24), yc(T * 12), wa(ya.size()), wb(yb.size()), wc(yc.size());
+  table->matmul(x.data(), T, a.w, wa.data());
+  table->matmul(x.data(), T, b.w, wb.data());
+  table->matmul(x.data(), T, c.w, wc.data());
+  table->matmul_group(x.data(), T, {{&a.w, ya.data()}, {&b.w, yb.data()}});
+  EXPECT_EQ(ya, wa);
+  EXPECT_EQ(yb, wb);
+  std::fill(ya.begin(), ya.end(), NAN);
+  table->matmul_group(x.data(), T, {{&a.w, ya.data()}, {&c.w, yc.data()}, {&b.w, yb.data()}});
+  EXPECT_EQ(ya, wa);
+  EXPECT_EQ(yb, wb);
+  EXPECT_EQ(yc, wc);
 }
 
 // ---- elementwise / row ops ---------------------------------------------------------------------

@@ -261,6 +261,40 @@ TEST(QuantMatmul, EveryHostKernelMatchesReference) {
   }
 }
 
+// A group of 4-bit weights sharing x (a KDA layer's or an expert's projections) equals one call per
+// weight bit for bit: x is quantized once for all of them.
+TEST(QuantMatmul, GroupsEqualSeparateCallsBitForBit) {
+  std::mt19937 rng(14);
+  for (DType dtype : kQ4) {
+    std::vector<Q4Weight> weights;
+    for (int64_t N : {37, 5, 64}) weights.push_back(make_q4(dtype, N, 160, rng));  // K: a ragged 128-block
+    std::vector<const WeightMatrix*> ws;
+    for (const Q4Weight& q : weights) ws.push_back(&q.w);
+    for (const KernelEntry* k : host_matmuls(dtype)) {
+      if (k->group_fn == nullptr) continue;
+      for (int threads : {1, 2}) {
+        ThreadPool pool(threads);
+        ScopedThreadPool scope(pool);
+        for (int64_t T : {1, 2, 5, 17})
+          for (const MatmulPrecision& precision : kPrecisions) {
+            const auto x = randn(static_cast<size_t>(T * 160), rng);
+            std::vector<std::vector<float>> separate, grouped;
+            std::vector<float*> ys;
+            for (const Q4Weight& q : weights) {
+              separate.emplace_back(static_cast<size_t>(T * q.w.out_features), NAN);
+              grouped.emplace_back(static_cast<size_t>(T * q.w.out_features), NAN);
+              fn_of<MatmulFn>(k)(x.data(), T, q.w, separate.back().data(), precision);
+            }
+            for (auto& g : grouped) ys.push_back(g.data());
+            reinterpret_cast<MatmulGroupFn>(k->group_fn)(x.data(), T, ws.data(), ys.data(), 3, precision);
+            for (size_t i = 0; i < weights.size(); ++i)
+              EXPECT_EQ(grouped[i], separate[i]) << k->name << " " << dtype_name(dtype) << " weight " << i << " T=" << T;
+          }
+      }
+    }
+  }
+}
+
 // A sub-view (rows()) multiplies like the same rows of the whole matrix, on every kernel: the
 // offsets of the codes and of the scales move together.
 TEST(QuantMatmul, RowViewsMatchTheWholeMatrix) {

@@ -46,8 +46,8 @@ namespace moat::ops {
 void register_cpu_kda_kernels(Registry& registry);  // kda_cpu.cpp
 
 void register_cpu_kernels(Registry& r) {
-  auto add = [&](OpId op, std::string name, void* fn, Constraints c, int priority) {
-    r.add(KernelEntry{op, Backend::cpu, std::move(name), fn, std::move(c), priority, {}});
+  auto add = [&](OpId op, std::string name, void* fn, Constraints c, int priority, void* group_fn = nullptr) {
+    r.add(KernelEntry{op, Backend::cpu, std::move(name), fn, std::move(c), priority, {}, group_fn});
   };
   // The production MLA decode kernels accept these heads per rank; the cpu kernel declares the
   // same (its inner loop takes heads 4 at a time), so a 12-head rank resolves to PadHeads{12->16}
@@ -103,13 +103,13 @@ void register_cpu_kernels(Registry& r) {
   add(OpId::matmul, "cpu.matmul_avx512bf16", reinterpret_cast<void*>(&cpu_avx512bf16::matmul),
       Constraints{.weight_dtypes = {DType::BF16, DType::F16, DType::F8_E4M3, DType::MXFP4, DType::INT4_G32},
                   .cpu_isa = "avx512bf16"},
-      30);
+      30, reinterpret_cast<void*>(&cpu_avx512bf16::matmul_group));
   // AMX tiles for the calls that run on packed panels (T > 8 bf16, > 64 fp8, > 16 4-bit): the
   // dot products of prefill at tile rate. Decode-sized calls are the avx512bf16 kernel's own.
   add(OpId::matmul, "cpu.matmul_amx_bf16", reinterpret_cast<void*>(&cpu_avx512bf16::matmul_amx),
       Constraints{.weight_dtypes = {DType::BF16, DType::F16, DType::F8_E4M3, DType::MXFP4, DType::INT4_G32},
                   .cpu_isa = "amx-bf16"},
-      40);
+      40, reinterpret_cast<void*>(&cpu_avx512bf16::matmul_group_amx));
   register_cpu_kda_kernels(r);
 
   // ---- Kimi K3 (k3_generic.inc): the same ISA / priority pattern as silu_mul ----

@@ -10,11 +10,17 @@ namespace moat::ops {
 namespace cpu_avx512bf16 {
 // precision (kernel_types.h): calls of more than split_max_tokens tokens round the activations to
 // bf16 once (prefill, normalized error ~4e-3) instead of splitting them into bf16 hi + lo
-// (fp32-accurate); fp8 and 4-bit weights round them (W8A16, W4A16) unless fp8_split.
+// (fp32-accurate); fp8 and 4-bit weights round them (W8A16, W4A16; 4-bit decode: int16) unless
+// fp8_split.
 void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision);
 // The same kernel with batched decode and prefill calls (the packed-panel path) on AMX-BF16 tiles:
 // only where cpu_has_isa("amx-bf16") (which also asks Linux for the tile state).
 void matmul_amx(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision);
+// MatmulGroupFn of each: weights sharing x in one pool dispatch.
+void matmul_group(const float* x, int64_t T, const WeightMatrix* const* w, float* const* y, int64_t count,
+                  const MatmulPrecision& precision);
+void matmul_group_amx(const float* x, int64_t T, const WeightMatrix* const* w, float* const* y, int64_t count,
+                      const MatmulPrecision& precision);
 }
 
 // The portable-vector kernels (cpu_generic.inc), one copy per ISA.

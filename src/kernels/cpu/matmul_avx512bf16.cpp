@@ -1183,9 +1183,20 @@ void run_panel_amx(const uint16_t* src, int64_t ss, int64_t rows, int64_t K, int
     }
 }
 
-void matmul_impl(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision,
-                 bool amx) {
+// y_i = x . W_i^T for `count` weights that share x (same dtype and K; count <= kMaxGroup): x is
+// prepared once, and decode-sized calls run every matrix's rows in one pool dispatch (one barrier
+// instead of count; MatmulGroupFn). Batched calls run the matrices in turn.
+void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float* const* ys, int64_t count,
+                 const MatmulPrecision& precision, bool amx) {
+  MOAT_CHECK(count >= 1 && count <= kMaxMatmulGroup, "cpu.matmul_avx512bf16: {} weights in one group (1..{})",
+             count, kMaxMatmulGroup);
+  const WeightMatrix& w = *ws[0];
+  float* const y = ys[0];
   const int64_t N = w.out_features, K = w.in_features;
+  for (int64_t i = 1; i < count; ++i)
+    MOAT_CHECK(ws[i]->dtype == w.dtype && ws[i]->in_features == K,
+               "cpu.matmul_avx512bf16: a group's weights share x: {} [{}, {}] next to {} [{}, {}]",
+               dtype_name(ws[i]->dtype), ws[i]->out_features, ws[i]->in_features, dtype_name(w.dtype), N, K);
   const int64_t Kp = (K + 63) / 64 * 64;  // x rows padded with zeros to whole 64-blocks
   MOAT_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F16 || w.dtype == DType::F8_E4M3 || w.is_4bit(),
              "cpu.matmul_avx512bf16: weight dtype {}", dtype_name(w.dtype));
@@ -1196,7 +1207,8 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix& w, float* y, con
              "cpu.matmul_avx512bf16: fp8 block_in {} must be a multiple of 64", w.block_in);
   // x is split into bf16 hi + lo (as accurate as fp32 FMAs) for calls within the precision's split
   // threshold (none by default, all in exact mode), else rounded to bf16 once. fp8 and 4-bit weights
-  // round x to bf16 at every T (W8A16, W4A16) unless the precision splits them too.
+  // round x to bf16 at every T (W8A16; 4-bit: W4A16 in batched calls, x in int16 in decode-sized
+  // ones) unless the precision splits them too.
   const bool fp8 = w.dtype == DType::F8_E4M3, q4 = w.is_4bit();
   const bool split = T <= precision.split_max_tokens && (!(fp8 || q4) || precision.fp8_split);
   const int64_t direct_max_tokens = q4    ? kQ4DirectMaxTokens
@@ -1206,6 +1218,10 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix& w, float* y, con
                                         : fp8 ? kAmxFp8DirectMaxTokens
                                               : (w.dtype == DType::BF16 ? kAmxBf16DirectMaxTokens : kF16DirectMaxTokens);
   const bool panels = !split && T > (amx ? amx_direct_max_tokens : direct_max_tokens);
+  if (panels && count > 1) {
+    for (int64_t i = 0; i < count; ++i) matmul_impl(x, T, ws + i, ys + i, 1, precision, amx);
+    return;
+  }
   const bool amx_panels = amx && panels;
   // AMX reads x in whole 16-token tiles: rows up to Tp are allocated and zeroed.
   const int64_t Tp = amx_panels ? (T + kAmxTokens - 1) / kAmxTokens * kAmxTokens : T;
@@ -1326,12 +1342,12 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix& w, float* y, con
   const uint16_t* xq4 = xq4_buf.data();
   const int16_t* xi16 = xi16_buf.data();
   const float* xs16 = xs16_buf.data();
-  const int64_t groups = (N + 3) / 4;
   // Decode-sized calls stream each weight once: rows in lanes (lane_tiles), all tokens per tile.
   const bool bf16_direct = w.dtype == DType::BF16 && T <= kBf16DirectMaxTokens;
-  thread_pool().parallel_for(groups, [&](int64_t g0, int64_t g1) {
+  // rows [n_begin, n_end) of one matrix of the group
+  auto run_rows_of = [&](const WeightMatrix& w, float* y, int64_t n_begin, int64_t n_end) {
+    const int64_t N = w.out_features;
     thread_local std::vector<uint16_t> scratch;  // [chunk_rows, Kb] dequantized rows
-    const int64_t n_begin = g0 * 4, n_end = std::min(N, g1 * 4);
     if (q4) {
       // token pairs share each decoded block; split calls run token by token
       lane_tiles(n_begin, n_end, [&](int64_t n0, int64_t nr, int64_t rs) {
@@ -1385,17 +1401,41 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix& w, float* y, con
         }
       }
     }
+  };
+  // The pool splits the group's 4-row groups, matrix after matrix, as if they were one matrix.
+  std::array<int64_t, kMaxMatmulGroup + 1> first{};  // first[i]: matrix i's first 4-row group
+  for (int64_t i = 0; i < count; ++i) first[i + 1] = first[i] + (ws[i]->out_features + 3) / 4;
+  thread_pool().parallel_for(first[count], [&](int64_t g0, int64_t g1) {
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t lo = std::max(g0, first[i]), hi = std::min(g1, first[i + 1]);
+      if (lo < hi)
+        run_rows_of(*ws[i], ys[i], (lo - first[i]) * 4, std::min(ws[i]->out_features, (hi - first[i]) * 4));
+    }
   }, std::max<int64_t>(1, 2048 / Kp));
 }
 
 }  // namespace
 
 void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision) {
-  matmul_impl(x, T, w, y, precision, false);
+  const WeightMatrix* ws[] = {&w};
+  float* ys[] = {y};
+  matmul_impl(x, T, ws, ys, 1, precision, false);
 }
 
 void matmul_amx(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision) {
-  matmul_impl(x, T, w, y, precision, true);
+  const WeightMatrix* ws[] = {&w};
+  float* ys[] = {y};
+  matmul_impl(x, T, ws, ys, 1, precision, true);
+}
+
+void matmul_group(const float* x, int64_t T, const WeightMatrix* const* w, float* const* y, int64_t count,
+                  const MatmulPrecision& precision) {
+  matmul_impl(x, T, w, y, count, precision, false);
+}
+
+void matmul_group_amx(const float* x, int64_t T, const WeightMatrix* const* w, float* const* y, int64_t count,
+                      const MatmulPrecision& precision) {
+  matmul_impl(x, T, w, y, count, precision, true);
 }
 
 }  // namespace moat::ops::cpu_avx512bf16
