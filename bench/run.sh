@@ -102,12 +102,17 @@ model_section() {
 # kda_chunked rows. The state per request next to `moat plan`'s figure.
 KIMI_CONTEXTS=${KIMI_CONTEXTS:-1024,4096,8192}
 KIMI_CHUNK=${KIMI_CHUNK:-2048}
+# timed decode steps: 32 (model_bench's default, ~0.8 s at 2 threads) read 78-91% of the roofline
+# in back-to-back runs on the Xeon VM, 128 read 85-91%
+KIMI_DECODE_TOKENS=${KIMI_DECODE_TOKENS:-128}
 kimi_decode_rows="" kimi_profile_rows="" kimi_prefill_rows="" kimi_state=""
 if [[ -n "$KIMI" && -f "$KIMI/config.json" ]]; then
   kimi_start=$(date +%s)
   for t in ${THREADS//,/ }; do
-    kimi_decode_rows+=$("$BUILD_DIR/model_bench" --model "$KIMI" --threads "$t" --decode-bytes --markdown)$'\n'
-    kimi_profile_rows+=$("$BUILD_DIR/model_bench" --model "$KIMI" --threads "$t" --profile --markdown)$'\n'
+    kimi_decode_rows+=$("$BUILD_DIR/model_bench" --model "$KIMI" --threads "$t" --decode-bytes \
+      --decode-tokens "$KIMI_DECODE_TOKENS" --markdown)$'\n'
+    kimi_profile_rows+=$("$BUILD_DIR/model_bench" --model "$KIMI" --threads "$t" --profile \
+      --decode-tokens "$KIMI_DECODE_TOKENS" --markdown)$'\n'
     kimi_prefill_rows+=$("$BUILD_DIR/model_bench" --model "$KIMI" --threads "$t" --contexts "$KIMI_CONTEXTS" \
       --prefill-chunk "$KIMI_CHUNK" --markdown)$'\n'
   done
@@ -147,7 +152,7 @@ kimi_section() {
   echo "|---|---|---|---|---|"
   echo "$kimi_state"
   echo
-  echo "Decode, one stream, greedy, after a random prompt of 512 tokens (32 timed steps). The roofline is the"
+  echo "Decode, one stream, greedy, after a random prompt of 512 tokens ($KIMI_DECODE_TOKENS timed steps). The roofline is the"
   echo "bandwidth of the weights' own memory over the bytes one decode token moves: the active weights (routed experts"
   echo "at 0.5 B per weight + one e8m0 scale per 32, the rest bf16, one embedding row), the KDA state read and written"
   echo "once (2 x the state per request) and the MLA layer's latent rows at the context (bf16, 576 values). % is"
@@ -167,16 +172,15 @@ kimi_section() {
   echo "|---|---|---|---|---|---|---|---|---|---|"
   printf "%s" "$kimi_profile_rows"
   echo
-  echo "What keeps the rows under 85%, profiled on the Zen 5 VM (2026-12-01): the bf16 GEMVs (~85% of a token's time)"
-  echo "read at ~75-80% of the bandwidth inside the model, against 84-88% for the same kind of call in kernel_bench, and"
-  echo "the MXFP4 experts (24 calls of ~1.2 MB per layer) at ~60-70%, against 82-84% alone. At 2 threads each of the ~64"
-  echo "parallel_for calls per token waits for the slower thread: pool counters put the caller's wait at ~12% of the"
-  echo "parallel time (the worker's half ran ~5% slower and started 5-10 us later, on either half of the rows), and"
-  echo "finer or guided chunks claimed dynamically cut it by 2-3 points at most; between calls the worker idles ~0.6 ms"
-  echo "per token. Decode activations rounded to bf16 or split into hi + lo made no difference on this checkpoint."
-  echo "On the Intel Xeon VM (2026-12-02, ~18 GB/s per core) the profile rows above put the bf16 matmuls at 96% / 86%"
-  echo "(1 / 2 threads) of the bandwidth and the MXFP4 experts at 73%: decoding 4-bit codes in registers costs more per"
-  echo "byte on that core (kernel table: MXFP4 T=1 at 77-79% alone), and at 2 threads the barriers above remain."
+  echo "What limits the rows, profiled. Intel Xeon VM (2026-12-02, ~18 GB/s per core): the bf16 GEMVs (~80% of a"
+  echo "token's time) read at ~95% of the bandwidth inside the model at 1 and 2 threads, the MXFP4 experts (24 calls of"
+  echo "~1.2 MB per layer) at ~80%: decoding 4-bit codes costs more per byte than streaming bf16 (kernel table: MXFP4"
+  echo "T=1 at 82-86% alone). With bf16 activations they ran at 73%: vdpbf16ps issues at a quarter of the FMA rate on"
+  echo "that core; int16 activations on vpdpwssd took them to ~80%. Matmul groups (the projections of one input in"
+  echo "one pool dispatch: ~20 fewer barriers per token) measured within the noise there. Zen 5 VM (2026-12-01,"
+  echo "before both changes): the bf16 GEMVs read at ~75-80% of the bandwidth inside the model against 84-88% in"
+  echo "kernel_bench, the MXFP4 experts at ~60-70% against 82-84% alone; at 2 threads the caller waited ~12% of the"
+  echo "parallel time at the ~64 barriers per token (the worker's half ~5% slower, starting 5-10 us later)."
   echo
   echo "Prefill of N random tokens from an empty cache (fresh state), in forward calls of up to $KIMI_CHUNK tokens as a"
   echo "chunked-prefill engine runs a long prompt, timed once per N. The per-layer columns come from timestamps at each"
@@ -325,14 +329,17 @@ peer_section() {
     echo
     echo "$peer_rows"
     echo
-    echo "What limits moat's decode rows (profiled, not guessed): perf puts ~95% of a bf16 decode step in the GEMV tiles"
-    echo "(the tile_bf16<4, 1, ...> decode tiles); kernel_bench --decode-only reads every one of the bench checkpoint's decode shapes at"
-    echo "85-99% of the bandwidth probe in isolation, and a timer around each GEMV inside the model read 80-92% of"
-    echo "kernel_bench's figure for the same shape (the lm_head lowest), so a decode token moves its bytes at ~70-85% of the"
-    echo "probe. Decode rounds activations to bf16 (one dot product per weight, as llama.cpp runs): decode steps"
-    echo "alternating with the fp32-accurate hi + lo split in one process ran 0-10% faster (mean +5% over 5 runs at one"
-    echo "thread). Decode rows of either engine move by 10-15% between runs on this VM, the size of the 1-thread bf16"
-    echo "margin."
+    echo "What limits each engine's rows. Intel Xeon with AMX (2026-12-02, llama.cpp from the npm package"
+    echo "@novastera-oss/llamarn 0.10.5, ggml 0.22.0): moat's bf16 decode runs at 89% / 84% of the bandwidth roofline of the"
+    echo "model section (11.5 / 20.7 tok/s against 12.9 / 24.7), llama.cpp's at 70% / 64% of it; moat's prefill runs on"
+    echo "AMX tiles, while llama.cpp's AMX buffers take only quantized types (its loader keeps bf16 tensors in plain CPU"
+    echo "buffers), so its bf16 prefill runs on AVX-512 dot products. llama.cpp's Q8_0 rows run with -nr 1 (no extra buffer types): with"
+    echo "its AMX buffers the scheduler aborts on this deepseek2 GGUF (GGML_ASSERT cur_backend_id != -1), so its Q8_0"
+    echo "decode is the AVX-512 VNNI dot product without repacking. AMD EPYC Zen 5 (2026-12-01, llama.cpp 0.5.0's"
+    echo "llama-bench): bf16 decode was 1.00-1.02x, both engines near that VM's bandwidth; perf put ~95% of a moat bf16"
+    echo "decode step in the GEMV tiles, which read the bench checkpoint's decode shapes at 85-99% of the bandwidth probe"
+    echo "alone and at 80-92% of that inside the model (the lm_head lowest). Decode rows of either engine move by 10-15%"
+    echo "between runs on these VMs."
   fi
   echo
   echo "<!-- end of section: peer -->"
