@@ -3,8 +3,9 @@
 //    decoded by tools/make_quant_fixture.py with numpy from the published format descriptions
 //    (compressed-tensors MXFP4 and INT4, gpt-oss blocks), e8m0 edge scales 0, 1, 126, 127, 128 and
 //    254 included;
-//  - parity of every host matmul kernel with the reference over shapes: T = 1..5 and 16 (on
-//    cpu.matmul_avx512bf16, the register-decoding tiles), 17 and 64 (its dequantized panels); in =
+//  - parity of every host matmul kernel with the reference over shapes: T = 1..5, 8, 11 and 16 (on
+//    cpu.matmul_avx512bf16, the register-decoding tiles; 12 and 16 are AMX panels), 17 and 64 (its
+//    dequantized panels); in =
 //    32, 96, 160 (ragged 128-blocks), 2080 (column blocks past 2048), 3584 (Kimi K3's latent
 //    width); out not a multiple of 16; exact and default precision;
 //  - moe_experts with MXFP4 and INT4 experts through the cpu op table against the reference;
@@ -48,8 +49,8 @@ constexpr double kExact = 1e-5;
 constexpr double kBf16Dot = 1e-2;
 constexpr double kInt16Dot = 2e-4;
 // Calls of at most this many tokens run the int16 tiles on every avx512bf16 / AMX kernel (the
-// AMX kernel's register-decoding limit for 4-bit weights is 6).
-constexpr int64_t kInt16Tokens = 5;
+// AMX kernel's register-decoding limit for 4-bit weights is 11, the avx512bf16 kernel's 16).
+constexpr int64_t kInt16Tokens = 11;
 constexpr DType kQ4[] = {DType::MXFP4, DType::INT4_G32};
 
 using testing::normalized_error;
@@ -244,7 +245,7 @@ TEST(QuantMatmul, EveryHostKernelMatchesReference) {
     ASSERT_GE(kernels.size(), 2u) << "reference and at least one cpu kernel";
     for (const Shape& s : shapes) {
       const Q4Weight q = make_q4(dtype, s.N, s.K, rng);
-      for (int64_t T : {1, 2, 3, 4, 5, 16, 17, 64}) {
+      for (int64_t T : {1, 2, 3, 4, 5, 8, 11, 12, 16, 17, 64}) {
         const auto x = randn(static_cast<size_t>(T * s.K), rng);
         std::vector<float> ref(static_cast<size_t>(T * s.N));
         fn_of<MatmulFn>(kernels[0])(x.data(), T, q.w, ref.data(), MatmulPrecision::exact());

@@ -84,9 +84,12 @@ constexpr int64_t kF16DirectMaxTokens = 4;
 // against AMX panels at T = 2..64, 1 and 2 threads, best of 5: bf16 0.97-1.04x at T = 6, 1.2-1.4x
 // at 8, 2.2x at 12; fp8 (whose panels dequantize every weight first) 0.98-0.99x at 12, 1.3x at 16;
 // MXFP4 0.92-0.96x at 6, 1.23-1.26x at 8. At T = 64 the panels ran 4.2-5.2x the tiles.
+// 4-bit with the int16-activation tiles (same VM, 3072 x 3584, best of 3, tiles' time / AMX's):
+// MXFP4 0.66-0.68 at T = 7, 0.69-0.73 at 8, 0.85-0.89 at 10, 1.01-1.08 at 12, 1.36-1.41 at 16 (1 and
+// 2 threads); INT4 0.66 / 0.81 / 0.95 / 1.29 at 7 / 10 / 12 / 16.
 constexpr int64_t kAmxBf16DirectMaxTokens = 6;
 constexpr int64_t kAmxFp8DirectMaxTokens = 12;
-constexpr int64_t kAmxQ4DirectMaxTokens = 6;
+constexpr int64_t kAmxQ4DirectMaxTokens = 11;
 // bf16 calls of up to this many tokens on AMX read the weights as A tiles in place (amx_strip_tiles),
 // longer ones run on packed panels.
 constexpr int64_t kAmxStripMaxTokens = 48;
