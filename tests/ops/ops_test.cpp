@@ -173,24 +173,17 @@ TEST(OpsMatmul, GroupsEqualSeparateCallsBitForBit) {
         ScopedThreadPool scope(pool);
         for (int64_t T : {1, 3, 5, 17, 64})
           for (const MatmulPrecision& precision : {MatmulPrecision{}, MatmulPrecision::exact()}) {
-            const auto x = randn(static_cast<size_t>(T * K), rng);
-            std::vector<std::vector<float>> separate, grouped;
-            std::vector<float*> ys;
-            for (const TestWeight& t : weights) {
-              separate.emplace_back(static_cast<size_t>(T * t.w.out_features), NAN);
-              grouped.emplace_back(static_cast<size_t>(T * t.w.out_features), NAN);
-              fn_of<MatmulFn>(k)(x.data(), T, t.w, separate.back().data(), precision);
-            }
-            for (auto& g : grouped) ys.push_back(g.data());
-            reinterpret_cast<MatmulGroupFn>(k->group_fn)(x.data(), T, ws.data(), ys.data(),
-                                                         static_cast<int64_t>(ws.size()), precision);
+            const auto [grouped, separate] =
+                testing::group_and_separate(k, randn(static_cast<size_t>(T * K), rng), T, ws, precision);
             for (size_t i = 0; i < weights.size(); ++i)
               EXPECT_EQ(grouped[i], separate[i]) << k->name << " " << dtype_name(dtype) << " weight " << i
                                                  << " T=" << T << " threads=" << threads;
           }
       }
     }
-    if (cpu_has_isa("avx512bf16")) EXPECT_GT(grouped_kernels, 0) << "the avx512bf16 kernels offer a group entry";
+    if (cpu_has_isa("avx512bf16")) {
+      EXPECT_GT(grouped_kernels, 0) << "the avx512bf16 kernels offer a group entry";
+    }
   }
 }
 

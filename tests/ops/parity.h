@@ -3,11 +3,14 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <vector>
 
+#include "base/weight.h"
+#include "ops/kernel_types.h"
 #include "ops/registry.h"
 
 namespace moat::ops::testing {
@@ -34,6 +37,24 @@ inline std::vector<float> randn(size_t n, std::mt19937& rng, float stddev = 1.0f
 template <typename Fn>
 Fn fn_of(const KernelEntry* k) {
   return reinterpret_cast<Fn>(k->fn);
+}
+
+// The products of matmul kernel k's group entry over `weights` (sharing x [T, in]) and of one call
+// per weight: [0] grouped, [1] separate, one vector per weight, for the caller to compare.
+inline std::array<std::vector<std::vector<float>>, 2> group_and_separate(const KernelEntry* k,
+                                                                        const std::vector<float>& x, int64_t T,
+                                                                        const std::vector<const WeightMatrix*>& weights,
+                                                                        const MatmulPrecision& precision) {
+  std::array<std::vector<std::vector<float>>, 2> out;
+  std::vector<float*> ys;
+  for (const WeightMatrix* w : weights) {
+    for (auto& o : out) o.emplace_back(static_cast<size_t>(T * w->out_features), NAN);
+    fn_of<MatmulFn>(k)(x.data(), T, *w, out[1].back().data(), precision);
+    ys.push_back(out[0].back().data());
+  }
+  reinterpret_cast<MatmulGroupFn>(k->group_fn)(x.data(), T, weights.data(), ys.data(),
+                                               static_cast<int64_t>(weights.size()), precision);
+  return out;
 }
 
 // The AVX-512 BF16 matmul and its AMX twin (the same precision policy: x rounded to bf16 unless

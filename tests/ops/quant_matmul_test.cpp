@@ -311,16 +311,8 @@ TEST(QuantMatmul, GroupsEqualSeparateCallsBitForBit) {
         ScopedThreadPool scope(pool);
         for (int64_t T : {1, 2, 5, 17})
           for (const MatmulPrecision& precision : kPrecisions) {
-            const auto x = randn(static_cast<size_t>(T * 160), rng);
-            std::vector<std::vector<float>> separate, grouped;
-            std::vector<float*> ys;
-            for (const Q4Weight& q : weights) {
-              separate.emplace_back(static_cast<size_t>(T * q.w.out_features), NAN);
-              grouped.emplace_back(static_cast<size_t>(T * q.w.out_features), NAN);
-              fn_of<MatmulFn>(k)(x.data(), T, q.w, separate.back().data(), precision);
-            }
-            for (auto& g : grouped) ys.push_back(g.data());
-            reinterpret_cast<MatmulGroupFn>(k->group_fn)(x.data(), T, ws.data(), ys.data(), 3, precision);
+            const auto [grouped, separate] =
+                testing::group_and_separate(k, randn(static_cast<size_t>(T * 160), rng), T, ws, precision);
             for (size_t i = 0; i < weights.size(); ++i)
               EXPECT_EQ(grouped[i], separate[i]) << k->name << " " << dtype_name(dtype) << " weight " << i << " T=" << T;
           }

@@ -501,6 +501,21 @@ inline __m512i q4_scale_bytes(const uint8_t* p, int64_t groups) {
   return kBf16Scale ? _mm512_broadcastq_epi64(v) : _mm512_broadcastd_epi32(v);
 }
 
+// One 128-element block of a row (codes: its 64 bytes, masked: m; scales: its `groups` scales):
+// v_n word j = the table entry of element 4j + n's code (the bf16 values for tile_q4_split, the
+// integers for tile_q4_i16); returns the fp32 scale per lane (q4_block_scales).
+template <bool kBf16Scale>
+__attribute__((always_inline)) inline __m512 decode_q4_block(const uint8_t* codes, __mmask64 m, const uint8_t* scales,
+                                                             int64_t groups, const __m512i& table, __m512i& v0,
+                                                             __m512i& v1, __m512i& v2, __m512i& v3) {
+  const __m512i wd = _mm512_maskz_loadu_epi8(m, codes);
+  v0 = _mm512_permutexvar_epi16(wd, table);
+  v1 = _mm512_permutexvar_epi16(_mm512_srli_epi16(wd, 4), table);
+  v2 = _mm512_permutexvar_epi16(_mm512_srli_epi16(wd, 8), table);
+  v3 = _mm512_permutexvar_epi16(_mm512_srli_epi16(wd, 12), table);
+  return q4_block_scales<kBf16Scale>(q4_scale_bytes<kBf16Scale>(scales, groups));
+}
+
 // Exact mode (x split into bf16 hi + lo): rows n0 + r rs (r < NR; rs > 1: rows from lanes,
 // lane_tiles) of a 4-bit matrix x one token (xq: permute_x_q4's layout, row stride Kq, the lo
 // halves lo_off later); writes y[r * rs]. kBf16Scale: INT4_G32 (bf16 scales), else MXFP4 (e8m0).
@@ -531,12 +546,9 @@ void tile_q4_split(const WeightMatrix& w, int64_t n0, int64_t rs, const uint16_t
       }
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
-      const __m512i wd = _mm512_maskz_loadu_epi8(m, rows + r * stride + 64 * b);
-      const __m512i v0 = _mm512_permutexvar_epi16(wd, table);
-      const __m512i v1 = _mm512_permutexvar_epi16(_mm512_srli_epi16(wd, 4), table);
-      const __m512i v2 = _mm512_permutexvar_epi16(_mm512_srli_epi16(wd, 8), table);
-      const __m512i v3 = _mm512_permutexvar_epi16(_mm512_srli_epi16(wd, 12), table);
-      const __m512 s = q4_block_scales<kBf16Scale>(q4_scale_bytes<kBf16Scale>(scales + r * scale_stride + 4 * b * sb, groups));
+      __m512i v0, v1, v2, v3;
+      const __m512 s = decode_q4_block<kBf16Scale>(rows + r * stride + 64 * b, m, scales + r * scale_stride + 4 * b * sb,
+                                                   groups, table, v0, v1, v2, v3);
 #pragma GCC unroll 2
       for (int t = 0; t < NT; ++t) {
         // two chains per token, restarted every block: only tot carries across blocks
@@ -677,12 +689,9 @@ void tile_q4_i16(const WeightMatrix& w, int64_t n0, int64_t rs, const int16_t* x
     }
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
-      const __m512i wd = _mm512_maskz_loadu_epi8(m, rows + r * stride + 64 * b);
-      const __m512i v0 = _mm512_permutexvar_epi16(wd, table);
-      const __m512i v1 = _mm512_permutexvar_epi16(_mm512_srli_epi16(wd, 4), table);
-      const __m512i v2 = _mm512_permutexvar_epi16(_mm512_srli_epi16(wd, 8), table);
-      const __m512i v3 = _mm512_permutexvar_epi16(_mm512_srli_epi16(wd, 12), table);
-      const __m512 s = q4_block_scales<kBf16Scale>(q4_scale_bytes<kBf16Scale>(scales + r * scale_stride + 4 * b * sb, groups));
+      __m512i v0, v1, v2, v3;
+      const __m512 s = decode_q4_block<kBf16Scale>(rows + r * stride + 64 * b, m, scales + r * scale_stride + 4 * b * sb,
+                                                   groups, table, v0, v1, v2, v3);
 #pragma GCC unroll 2
       for (int t = 0; t < NT; ++t) {
         // one chain per row and token, restarted every block: the rows and the next block's
