@@ -516,6 +516,20 @@ __attribute__((always_inline)) inline __m512 decode_q4_block(const uint8_t* code
   return q4_block_scales<kBf16Scale>(q4_scale_bytes<kBf16Scale>(scales, groups));
 }
 
+// The 128-element blocks of NR 4-bit rows of K codes (rows `stride` bytes apart), in order:
+// block(b, byte mask, groups) for each, the rows prefetched ahead of the whole ones; a ragged last
+// block (32, 64 or 96 elements) gets its byte mask and group count.
+template <int NR, class Block>
+__attribute__((always_inline)) inline void for_each_q4_block(int64_t K, const uint8_t* rows, int64_t stride,
+                                                             const Prefetch& pf, Block&& block) {
+  const int64_t full = K / 128;
+  for (int64_t b = 0; b < full; ++b) {
+    prefetch_rows<NR>(rows + 64 * b, stride, pf);
+    block(b, ~0ull, int64_t{4});
+  }
+  if (full * 128 < K) block(full, tail_mask64(K / 2 - 64 * full), K / 32 - 4 * full);
+}
+
 // Exact mode (x split into bf16 hi + lo): rows n0 + r rs (r < NR; rs > 1: rows from lanes,
 // lane_tiles) of a 4-bit matrix x one token (xq: permute_x_q4's layout, row stride Kq, the lo
 // halves lo_off later); writes y[r * rs]. kBf16Scale: INT4_G32 (bf16 scales), else MXFP4 (e8m0).
@@ -564,12 +578,7 @@ void tile_q4_split(const WeightMatrix& w, int64_t n0, int64_t rs, const uint16_t
       }
     }
   };
-  const int64_t full = K / 128;
-  for (int64_t b = 0; b < full; ++b) {
-    prefetch_rows<NR>(rows + 64 * b, stride, pf);
-    block(b, ~0ull, 4);
-  }
-  if (full * 128 < K) block(full, tail_mask64(Kh - 64 * full), G - 4 * full);  // 32, 64 or 96 elements
+  for_each_q4_block<NR>(K, rows, stride, pf, block);
   store_tile<NR, NT>(tot, y, N, rs, false);
 }
 
@@ -708,12 +717,7 @@ void tile_q4_i16(const WeightMatrix& w, int64_t n0, int64_t rs, const int16_t* x
       }
     }
   };
-  const int64_t full = K / 128;
-  for (int64_t b = 0; b < full; ++b) {
-    prefetch_rows<NR>(rows + 64 * b, stride, pf);
-    block(b, ~0ull, 4);
-  }
-  if (full * 128 < K) block(full, tail_mask64(Kh - 64 * full), G - 4 * full);
+  for_each_q4_block<NR>(K, rows, stride, pf, block);
   store_tile<NR, NT>(tot, y, N, rs, false);
 }
 
