@@ -72,8 +72,9 @@ Run decode(DeepseekModel& model, const std::vector<std::vector<int32_t>>& prompt
   return {decode_tokens / decode_s, 1000.0 * decode_s / std::max<int64_t>(1, decode_steps), (*engine)->stats()};
 }
 
-// Milliseconds of one target forward over n tokens after a context of `context` tokens.
-double forward_ms(DeepseekModel& model, int64_t context, int64_t n) {
+// Milliseconds of one target forward over n tokens after a context of `context` tokens; with a
+// profile, where that time goes by kind of op (summed over the timed repetitions).
+double forward_ms(DeepseekModel& model, int64_t context, int64_t n, ops::OpProfile* profile = nullptr) {
   SequenceCache cache = model.new_sequence_cache(context + n);
   std::vector<int32_t> tokens(static_cast<size_t>(context + n));
   std::mt19937 rng(7);
@@ -83,9 +84,13 @@ double forward_ms(DeepseekModel& model, int64_t context, int64_t n) {
   const std::span<const int32_t> step = std::span(tokens).subspan(context);
   model.forward(cache, step, static_cast<int32_t>(context), logits.data(), ForwardBatch::Logits::all);  // warm
   const int reps = 20;
+  model.set_op_profile(profile);
   const auto t0 = Clock::now();
   for (int i = 0; i < reps; ++i)
     model.forward(cache, step, static_cast<int32_t>(context), logits.data(), ForwardBatch::Logits::all);
+  model.set_op_profile(nullptr);
+  if (profile)
+    for (auto& b : profile->buckets) b.seconds /= reps, b.weight_bytes /= reps, b.calls /= reps;
   return 1000.0 * std::chrono::duration<double>(Clock::now() - t0).count() / reps;
 }
 
@@ -96,7 +101,7 @@ int main(int argc, char** argv) {
   std::string model_dir, draft_dir, k_list = "2,4,6", temp_list = "0,0.7";
   int threads = 1;
   int64_t tokens = 128;
-  bool markdown = false;
+  bool markdown = false, profile = false;
   app.add_option("--model", model_dir)->required();
   app.add_option("--draft", draft_dir, "draft model (same vocabulary); without it only n-gram runs");
   app.add_option("--threads", threads);
@@ -104,6 +109,8 @@ int main(int argc, char** argv) {
   app.add_option("--k", k_list, "speculative tokens per step, comma separated");
   app.add_option("--temperatures", temp_list);
   app.add_flag("--markdown", markdown);
+  app.add_flag("--profile", profile,
+               "only the verification cost: the target forward over 1 and k + 1 tokens by kind of op");
   CLI11_PARSE(app, argc, argv);
   auto list = [](const std::string& s) {
     std::vector<double> v;
@@ -142,6 +149,29 @@ int main(int argc, char** argv) {
   const int64_t context = 16 + tokens / 2;  // the mean context of a decode
   const double c_target = forward_ms(model, context, 1);
   const double c_draft = draft ? forward_ms(*draft, context, 1) : 0.0;
+  if (profile) {
+    // Where verify(k+1) / step comes from: each kind of op's time over 1 token and over k + 1.
+    std::vector<int64_t> ns{1};
+    for (double kd : list(k_list)) ns.push_back(static_cast<int64_t>(kd) + 1);
+    std::vector<ops::OpProfile> profiles(ns.size());
+    std::vector<double> total_ms(ns.size());
+    for (size_t i = 0; i < ns.size(); ++i) total_ms[i] = forward_ms(model, context, ns[i], &profiles[i]);
+    std::printf("%s, %d threads, context %ld: target forward time (ms) by kind of op\n%-16s", model_dir.c_str(),
+                threads, static_cast<long>(context), "tokens");
+    for (int64_t n : ns) std::printf(" %9ld", static_cast<long>(n));
+    std::printf("\n");
+    auto line = [&](const char* name, auto ms_of) {
+      std::printf("%-16s", name);
+      for (size_t i = 0; i < ns.size(); ++i) std::printf(" %9.3f", ms_of(i));
+      std::printf("\n");
+    };
+    for (int k = 0; k < ops::OpProfile::kNumKinds; ++k)
+      line(ops::OpProfile::kNames[k], [&](size_t i) { return 1e3 * profiles[i].buckets[k].seconds; });
+    line("rest", [&](size_t i) { return total_ms[i] - 1e3 * profiles[i].seconds(); });
+    line("total", [&](size_t i) { return total_ms[i]; });
+    line("total / step", [&](size_t i) { return total_ms[i] / total_ms[0]; });
+    return 0;
+  }
   if (!markdown)
     std::printf("%s%s%s, %d threads, %zu prompts x %ld tokens; target step %.3f ms%s\n", model_dir.c_str(),
                 draft ? " + draft " : "", draft_dir.c_str(), threads, prompts.size(), tokens, c_target,
