@@ -393,18 +393,32 @@ engine_rows=""
 [[ "$ONLY" == spec ]] || engine_rows=$(engine_benchmarks)
 
 # Speculative decoding at one stream (bench/spec_bench.cpp): the shipped pair with its draft and
-# n-gram lookup at one thread, and n-gram on the bench checkpoint at ENGINE_THREADS, each next to
-# its cost model.
+# n-gram lookup at one thread, and n-gram and the MTP head on the bench checkpoint with an MTP layer
+# at ENGINE_THREADS, each next to its cost model; then where a verification forward's time goes
+# (spec_bench --profile) on the shipped target. The MTP checkpoint is the bench checkpoint (same
+# seed, same weights) plus DeepSeek-V3's MTP layer, generated here when missing (~1 minute, 8.9 GB):
+#   tools/make_checkpoint.py --preset bench --mtp --out checkpoints/bench-mtp --shards 4
+BENCH_MTP=${BENCH_MTP:-checkpoints/bench-mtp}
 cmake --build "$BUILD_DIR" --target spec_bench -j2 >/dev/null
 spec_benchmarks() {
   echo "| target | draft | temperature | proposer | k | decode tok/s | speedup | accepted % | tokens / step | verify(k+1) / step | predicted |"
   echo "|---|---|---|---|---|---|---|---|---|---|---|"
   "$BUILD_DIR/spec_bench" --model models/k3-nano --draft models/k3-nano-draft --threads 1 --k 2,4,6 \
     --temperatures 0,0.7 --markdown
-  if [[ -f checkpoints/bench/config.json ]]; then
-    "$BUILD_DIR/spec_bench" --model checkpoints/bench --threads "$ENGINE_THREADS" --k 2,4 --temperatures 0 --tokens 64 \
+  if [[ -f checkpoints/bench/config.json && ! -f "$BENCH_MTP/config.json" ]]; then
+    /usr/bin/python3 tools/make_checkpoint.py --preset bench --mtp --out "$BENCH_MTP" --shards 4 >/dev/null
+  fi
+  if [[ -f "$BENCH_MTP/config.json" ]]; then
+    "$BUILD_DIR/spec_bench" --model "$BENCH_MTP" --threads "$ENGINE_THREADS" --k 1,2,4 --temperatures 0 --tokens 64 \
       --markdown
   fi
+  echo
+  echo "Where the verification forward's time goes (\`spec_bench --profile\`, the target forward over 1 and k + 1"
+  echo "tokens at the mean context, ms by kind of op, one thread, the same run):"
+  echo
+  echo '```'
+  "$BUILD_DIR/spec_bench" --model models/k3-nano --threads 1 --k 2,4,6 --profile
+  echo '```'
 }
 spec_rows=""
 [[ -z "$ONLY" || "$ONLY" == spec ]] && spec_rows=$(spec_benchmarks)

@@ -4,7 +4,8 @@
 //   mean accepted length (tokens emitted per verification step, the target's own included), and
 //   the predicted speedup E / (k * c_draft / c_target + c_verify(k + 1) / c_target), from
 //     c_target       one plain decode step of the target (measured by the plain run),
-//     c_draft        one decode step of the draft (a plain run of the draft alone; 0 for n-gram),
+//     c_draft        one decode step of the draft (a plain run of the draft alone; 0 for n-gram;
+//                    the MTP head's one-token forward for mtp, run when the checkpoint has one),
 //     c_verify(k+1)  one target forward over k + 1 tokens at the same context (timed directly):
 //                    more than c_target because k + 1 tokens touch more routed experts
 //                    (E * (1 - (1 - top_k / E)^(k+1)) per MoE layer) and do k + 1 tokens' FLOPs.
@@ -72,22 +73,33 @@ Run decode(DeepseekModel& model, const std::vector<std::vector<int32_t>>& prompt
   return {decode_tokens / decode_s, 1000.0 * decode_s / std::max<int64_t>(1, decode_steps), (*engine)->stats()};
 }
 
-// Milliseconds of one target forward over n tokens after a context of `context` tokens; with a
-// profile, where that time goes by kind of op (summed over the timed repetitions).
+// Milliseconds of one forward over n tokens after a context of `context` tokens; with a profile,
+// where that time goes by kind of op (per forward). An MTP head's second input, the main model's
+// hidden state, is random here: only the time is used.
 double forward_ms(DeepseekModel& model, int64_t context, int64_t n, ops::OpProfile* profile = nullptr) {
   SequenceCache cache = model.new_sequence_cache(context + n);
   std::vector<int32_t> tokens(static_cast<size_t>(context + n));
   std::mt19937 rng(7);
   for (auto& t : tokens) t = static_cast<int32_t>(rng() % model.config().vocab_size);
-  std::vector<float> logits(static_cast<size_t>(n * model.config().vocab_size));
-  model.forward(cache, std::span(tokens).first(context), 0, logits.data());
+  std::vector<float> logits(static_cast<size_t>((context + n) * model.config().vocab_size));
+  std::vector<float> prev_hidden(static_cast<size_t>((context + n) * model.config().hidden_size));
+  std::normal_distribution<float> normal;
+  for (float& h : prev_hidden) h = normal(rng);
+  auto forward = [&](std::span<const int32_t> step, int64_t first, ForwardBatch::Logits which) {
+    if (!model.is_mtp()) return model.forward(cache, step, static_cast<int32_t>(first), logits.data(), which);
+    ForwardBatch batch = ForwardBatch::for_sequence(step, static_cast<int32_t>(first), cache.blocks,
+                                                    cache.pages.block_size(), which);
+    batch.state_slots = {cache.state_slot};
+    model.forward(batch, cache.pages, logits.data(), nullptr,
+                  {.mtp_prev_hidden = prev_hidden.data(), .states = &cache.states});
+  };
+  forward(std::span(tokens).first(context), 0, ForwardBatch::Logits::last);
   const std::span<const int32_t> step = std::span(tokens).subspan(context);
-  model.forward(cache, step, static_cast<int32_t>(context), logits.data(), ForwardBatch::Logits::all);  // warm
+  forward(step, context, ForwardBatch::Logits::all);  // warm
   const int reps = 20;
   model.set_op_profile(profile);
   const auto t0 = Clock::now();
-  for (int i = 0; i < reps; ++i)
-    model.forward(cache, step, static_cast<int32_t>(context), logits.data(), ForwardBatch::Logits::all);
+  for (int i = 0; i < reps; ++i) forward(step, context, ForwardBatch::Logits::all);
   model.set_op_profile(nullptr);
   if (profile)
     for (auto& b : profile->buckets) b.seconds /= reps, b.weight_bytes /= reps, b.calls /= reps;
@@ -128,6 +140,14 @@ int main(int argc, char** argv) {
     if (!d) return std::fprintf(stderr, "spec_bench: draft: %s\n", d.error().message.c_str()), 1;
     draft = std::move(d).value();
   }
+  // A checkpoint with MTP layers (num_nextn_predict_layers > 0) also runs its own MTP head.
+  std::unique_ptr<DeepseekModel> mtp;
+  if (model.config().num_nextn_predict_layers > 0) {
+    auto m = DeepseekModel::load(model_dir,
+                                 {.backend = ops::Backend::cpu, .max_context = max_context, .threads = threads, .mtp = true});
+    if (!m) return std::fprintf(stderr, "spec_bench: MTP head: %s\n", m.error().message.c_str()), 1;
+    mtp = std::move(m).value();
+  }
   // Prompts: the shipped tokenizer's text when the model has one, else random tokens (the bench
   // checkpoints have random weights and no tokenizer).
   std::vector<std::vector<int32_t>> prompts;
@@ -149,6 +169,7 @@ int main(int argc, char** argv) {
   const int64_t context = 16 + tokens / 2;  // the mean context of a decode
   const double c_target = forward_ms(model, context, 1);
   const double c_draft = draft ? forward_ms(*draft, context, 1) : 0.0;
+  const double c_mtp = mtp ? forward_ms(*mtp, context, 1) : 0.0;
   if (profile) {
     // Where verify(k+1) / step comes from: each kind of op's time over 1 token and over k + 1.
     std::vector<int64_t> ns{1};
@@ -175,25 +196,26 @@ int main(int argc, char** argv) {
   if (!markdown)
     std::printf("%s%s%s, %d threads, %zu prompts x %ld tokens; target step %.3f ms%s\n", model_dir.c_str(),
                 draft ? " + draft " : "", draft_dir.c_str(), threads, prompts.size(), tokens, c_target,
-                draft ? (", draft step " + std::to_string(c_draft) + " ms").c_str() : "");
+                draft ? (", draft step " + std::to_string(c_draft) + " ms").c_str()
+                : mtp ? (", MTP head step " + std::to_string(c_mtp) + " ms").c_str() : "");
   if (!markdown)
     std::printf("%5s %-7s %3s %9s %8s %10s %10s %10s %10s\n", "temp", "method", "k", "tok/s", "speedup", "accept %",
                 "tok/step", "verify/1", "predicted");
   for (double temp : list(temp_list)) {
     const Run base = decode(model, prompts, tokens, static_cast<float>(temp), {});
-    auto row = [&](const char* method, int k, const Run& r, double verify_ratio, double predicted) {
+    auto row = [&](const std::string& method, int k, const Run& r, double verify_ratio, double predicted) {
       // a proposer that never guessed (n-gram on random tokens finds no match) has no acceptance to show
       const bool guessed = k && r.stats.spec_steps > 0;
       if (markdown)
         std::printf("| %s | %s | %.1f | %s | %s | %.1f | %.2fx | %s | %s | %s | %s |\n", model_dir.c_str(),
-                    draft ? draft_dir.c_str() : "-", temp, method, k ? std::to_string(k).c_str() : "-", r.tok_s,
+                    method == "mtp" ? "its MTP head" : draft ? draft_dir.c_str() : "-", temp, method.c_str(), k ? std::to_string(k).c_str() : "-", r.tok_s,
                     r.tok_s / base.tok_s,
                     guessed ? fmt::format("{:.1f}", 100.0 * r.stats.acceptance_rate()).c_str() : k ? "no guesses" : "-",
                     guessed ? fmt::format("{:.2f}", r.stats.mean_accepted_length()).c_str() : "-",
                     k ? fmt::format("{:.2f}", verify_ratio).c_str() : "-",
                     guessed ? fmt::format("{:.2f}x", predicted).c_str() : "-");
       else
-        std::printf("%5.1f %-7s %3d %9.1f %7.2fx %10.1f %10.2f %10.2f %9.2fx\n", temp, method, k, r.tok_s,
+        std::printf("%5.1f %-7s %3d %9.1f %7.2fx %10.1f %10.2f %10.2f %9.2fx\n", temp, method.c_str(), k, r.tok_s,
                     r.tok_s / base.tok_s, 100.0 * r.stats.acceptance_rate(), r.stats.mean_accepted_length(),
                     verify_ratio, predicted);
     };
@@ -201,12 +223,15 @@ int main(int argc, char** argv) {
     for (double kd : list(k_list)) {
       const int k = static_cast<int>(kd);
       const double verify_ratio = forward_ms(model, context, k + 1) / c_target;
-      for (const char* method : {"ngram", "draft"}) {
-        if (std::string(method) == "draft" && !draft) continue;
-        const bool is_draft = std::string(method) == "draft";
+      for (const std::string method : {"ngram", "draft", "mtp"}) {
+        if ((method == "draft" && !draft) || (method == "mtp" && !mtp)) continue;
+        // a guess costs one proposer forward: the draft's step, or the MTP head's (its first
+        // forward runs over the step's kept rows, the next k - 1 over one row each)
+        const double c_guess = method == "draft" ? c_draft : method == "mtp" ? c_mtp : 0.0;
         const Run r = decode(model, prompts, tokens, static_cast<float>(temp),
-                             {.method = method, .num_tokens = k, .draft_model = draft.get()});
-        const double cost = (is_draft ? k * c_draft / c_target : 0.0) + verify_ratio;
+                             {.method = method, .num_tokens = k,
+                              .draft_model = method == "mtp" ? mtp.get() : draft.get()});
+        const double cost = k * c_guess / c_target + verify_ratio;
         row(method, k, r, verify_ratio, r.stats.mean_accepted_length() / cost);
       }
     }

@@ -93,6 +93,12 @@ constexpr int64_t kAmxQ4DirectMaxTokens = 11;
 // bf16 calls of up to this many tokens on AMX read the weights as A tiles in place (amx_strip_tiles),
 // longer ones run on packed panels.
 constexpr int64_t kAmxStripMaxTokens = 48;
+// Strips of matrices with at most this many columns (a strip <= 8 KiB, rows sharing 4 KiB pages)
+// prefetch the next strip into L1 while they compute: the hardware prefetcher did not follow their
+// row-interleaved reads. Xeon VM, 1 thread, 2048 x 256, T = 1-3: 103-129 -> 81-87 us from memory,
+// 384 x 256 in L3 11 -> 8 us; at K = 1024-2048 the same prefetches cost 15-60% (each row is its
+// own stream there, which the hardware follows), into L2 as well.
+constexpr int64_t kAmxStripPrefetchMaxK = 256;
 
 inline __mmask32 tail_mask(int64_t n) { return n >= 32 ? ~0u : static_cast<__mmask32>((1u << n) - 1u); }
 
@@ -1076,11 +1082,12 @@ __attribute__((noinline)) void amx_panel_tiles(const uint16_t* xt, int64_t Kx, i
 // acc[g][16][16] receives the sums. From memory (1408 x 2048 bf16, 160 copies, 1 thread, one run
 // each, against the panels): T = 8 +36%, 16 +32%, 24 +25%, 32 +24%, 48 +6%, 56-64 even, 128 -25%,
 // 512 -43% (more than 4 token blocks re-read each strip, whose rows 4 KiB apart share an L1 set;
-// software prefetches of the rows 0.5-4 KiB ahead only cost). Calls of up to
+// software prefetches of the rows 0.5-4 KiB ahead only cost there). Calls of up to
 // kAmxStripMaxTokens run here: batched decode's experts, speculative verification, prefill's
-// routed experts (~48 rows each at 512 tokens x 6 of 64).
+// routed experts (~48 rows each at 512 tokens x 6 of 64). next: the following strip, to prefetch
+// into L1 (narrow matrices only, kAmxStripPrefetchMaxK), or nullptr.
 __attribute__((noinline)) void amx_strip_tiles(const uint16_t* wrow, int64_t ws, int64_t steps, const uint32_t* xv,
-                                               int64_t Kx, int64_t groups, float* acc) {
+                                               int64_t Kx, int64_t groups, float* acc, const char* next) {
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
@@ -1088,6 +1095,10 @@ __attribute__((noinline)) void amx_strip_tiles(const uint16_t* wrow, int64_t ws,
   const int64_t wstride = ws * 2, block = (Kx / 2) * kAmxTokens;  // uint32 per token block
   for (int64_t s = 0; s < steps; s += 2) {
     const uint32_t* b = xv + s * 16 * kAmxTokens;
+    if (next) {  // this iteration's share of the next strip's lines
+      const int64_t lines = ws / 2, l0 = s * lines / steps, l1 = std::min<int64_t>(lines, (s + 2) * lines / steps);
+      for (int64_t l = l0; l < l1; ++l) _mm_prefetch(next + l * 64, _MM_HINT_T0);
+    }
     _tile_loadd(4, wrow + 32 * s, wstride);
     _tile_loadd(6, b, 64);
     _tile_dpbf16ps(0, 4, 6);
@@ -1110,14 +1121,22 @@ __attribute__((noinline)) void amx_strip_tiles(const uint16_t* wrow, int64_t ws,
 }
 #pragma GCC pop_options
 
-// x[Tp, Kx] bf16 -> xv[Tp/16][Kx/2][16] column pairs as uint32: a B tile of 16 pairs x 16 tokens is
-// 1 KiB contiguous.
-void pack_x_vnni16(const uint16_t* x, int64_t Tp, int64_t Kx, uint32_t* xv) {
+// x[T, Kx] bf16 -> xv[Tp/16][Kx/2][16] column pairs as uint32: a B tile of 16 pairs x 16 tokens is
+// 1 KiB contiguous; tokens T..Tp-1 are zero. Kx % 32 == 0. 16 x 16 dword transposes: a scalar
+// loop here was most of a small matrix's call (k3-nano's 384 x 256: ~1 us of 8).
+void pack_x_vnni16(const uint16_t* x, int64_t T, int64_t Tp, int64_t Kx, uint32_t* xv) {
   for (int64_t b = 0; b < Tp / kAmxTokens; ++b)
-    for (int64_t t = 0; t < kAmxTokens; ++t) {
-      const uint32_t* src = reinterpret_cast<const uint32_t*>(x + (b * kAmxTokens + t) * Kx);
-      uint32_t* dst = xv + b * (Kx / 2) * kAmxTokens + t;
-      for (int64_t p = 0; p < Kx / 2; ++p) dst[p * kAmxTokens] = src[p];
+    for (int64_t p0 = 0; p0 < Kx / 2; p0 += 16) {
+      __m512i r[16];
+#pragma GCC unroll 16
+      for (int t = 0; t < 16; ++t) {
+        const int64_t tok = b * kAmxTokens + t;
+        r[t] = tok < T ? _mm512_loadu_si512(x + tok * Kx + 2 * p0) : _mm512_setzero_si512();
+      }
+      transpose16(r);
+      uint32_t* dst = xv + (b * (Kx / 2) + p0) * kAmxTokens;
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; ++j) _mm512_storeu_si512(dst + j * kAmxTokens, r[j]);
     }
 }
 
@@ -1127,7 +1146,7 @@ void matmul_amx_strips(const WeightMatrix& w, const uint16_t* xb, int64_t T, int
   const int64_t N = w.out_features, K = w.in_features;
   thread_local std::vector<uint32_t> xv_buf;  // [Tp/16, Kx/2, 16] (pack_x_vnni16)
   xv_buf.resize(static_cast<size_t>(Tp * Kx / 2));
-  pack_x_vnni16(xb, Tp, Kx, xv_buf.data());
+  pack_x_vnni16(xb, T, Tp, Kx, xv_buf.data());
   const uint32_t* xv = xv_buf.data();
   const int64_t blocks = Tp / kAmxTokens, steps = K / 32;
   const uint16_t* wb = static_cast<const uint16_t*>(w.data);
@@ -1145,7 +1164,9 @@ void matmul_amx_strips(const WeightMatrix& w, const uint16_t* xb, int64_t T, int
       }
       for (int64_t g0 = 0; g0 < blocks; g0 += 4) {
         const int64_t groups = std::min<int64_t>(4, blocks - g0);
-        amx_strip_tiles(wrow, K, steps, xv + g0 * (Kx / 2) * kAmxTokens, Kx, groups, acc);
+        const bool prefetch_next = K <= kAmxStripPrefetchMaxK && g0 == 0 && st + 1 < s1;
+        amx_strip_tiles(wrow, K, steps, xv + g0 * (Kx / 2) * kAmxTokens, Kx, groups, acc,
+                        prefetch_next ? reinterpret_cast<const char*>(wb + (n0 + 16) * K) : nullptr);
         for (int64_t g = 0; g < groups; ++g)
           for (int64_t t = 0; t < kAmxTokens; ++t) {
             const int64_t tok = (g0 + g) * kAmxTokens + t;
