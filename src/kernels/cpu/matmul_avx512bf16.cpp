@@ -99,6 +99,14 @@ constexpr int64_t kAmxStripMaxTokens = 48;
 // 384 x 256 in L3 11 -> 8 us; at K = 1024-2048 the same prefetches cost 15-60% (each row is its
 // own stream there, which the hardware follows), into L2 as well.
 constexpr int64_t kAmxStripPrefetchMaxK = 256;
+// Such narrow bf16 matrices leave the decode tiles from 5 tokens. The strips run flat from T = 2 to
+// 6 (2048 x 256, 1 thread, us per call: in L3 35-38 against the tiles' 36 / 51 / 52 / 67 / 76 at
+// T = 2..6; from memory 76-82 against 63 / 82 / 85 / 80 / 86), but in a model at 2 threads the
+// tiles kept T = 3-4 (k3-nano's verification forward, alternating runs, all matmuls: T = 4 0.27-0.28
+// ms on the tiles against 0.31-0.33 on strips; 1 thread 0.45 against 0.39; T = 5 strips won at
+// both, 0.43 against 0.57 at 1 thread). At K = 512-1024 the tiles won to T = 4-6 from memory, and
+// the strips of K >= 1024 (rows a page apart) ran at ~16 GB/s from L3.
+constexpr int64_t kAmxBf16NarrowDirectMaxTokens = 4;
 
 inline __mmask32 tail_mask(int64_t n) { return n >= 32 ? ~0u : static_cast<__mmask32>((1u << n) - 1u); }
 
@@ -1255,7 +1263,9 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
                                           : (w.dtype == DType::BF16 ? kBf16DirectMaxTokens : kF16DirectMaxTokens);
   const int64_t amx_direct_max_tokens = q4    ? kAmxQ4DirectMaxTokens
                                         : fp8 ? kAmxFp8DirectMaxTokens
-                                              : (w.dtype == DType::BF16 ? kAmxBf16DirectMaxTokens : kF16DirectMaxTokens);
+                                        : w.dtype != DType::BF16            ? kF16DirectMaxTokens
+                                        : K <= kAmxStripPrefetchMaxK && K % 32 == 0 ? kAmxBf16NarrowDirectMaxTokens
+                                                                            : kAmxBf16DirectMaxTokens;
   const bool panels = !split && T > (amx ? amx_direct_max_tokens : direct_max_tokens);
   if (panels && count > 1) {
     for (int64_t i = 0; i < count; ++i) matmul_impl(x, T, ws + i, ys + i, 1, precision, amx);
