@@ -401,8 +401,8 @@ engine_rows=""
 BENCH_MTP=${BENCH_MTP:-checkpoints/bench-mtp}
 cmake --build "$BUILD_DIR" --target spec_bench -j2 >/dev/null
 spec_benchmarks() {
-  echo "| target | draft | temperature | proposer | k | decode tok/s | speedup | accepted % | tokens / step | verify(k+1) / step | predicted |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| target | draft | temperature | proposer | k | decode tok/s | speedup | accepted % | tokens / step | guesses / step | verify / step | proposer step / step | predicted |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
   "$BUILD_DIR/spec_bench" --model models/k3-nano --draft models/k3-nano-draft --threads 1 --k 2,4,6 \
     --temperatures 0,0.7 --markdown
   if [[ -f checkpoints/bench/config.json && ! -f "$BENCH_MTP/config.json" ]]; then

@@ -2,21 +2,25 @@
 // cost model that explains the ratio. Per (temperature, method, k):
 //   tok/s, speedup over plain decoding in the same run, acceptance rate (accepted / guessed),
 //   mean accepted length (tokens emitted per verification step, the target's own included), and
-//   the predicted speedup E / (k * c_draft / c_target + c_verify(k + 1) / c_target), from
-//     c_target       one plain decode step of the target (measured by the plain run),
-//     c_draft        one decode step of the draft (a plain run of the draft alone; 0 for n-gram;
-//                    the MTP head's one-token forward for mtp, run when the checkpoint has one),
-//     c_verify(k+1)  one target forward over k + 1 tokens at the same context (timed directly):
-//                    more than c_target because k + 1 tokens touch more routed experts
-//                    (E * (1 - (1 - top_k / E)^(k+1)) per MoE layer) and do k + 1 tokens' FLOPs.
+//   the predicted speedup E / (g * c_guess / c_target + c_verify(round(g) + 1) / c_target), from
+//     g              guesses per verification step (k, fewer when adaptive k shrinks it),
+//     c_target       one plain decode step of the target (timed directly),
+//     c_guess        one proposer step: the draft's decode step, the MTP head's one-token forward
+//                    (checkpoints with MTP layers run that proposer too), 0 for n-gram,
+//     c_verify(n)    one target forward over n tokens at the same context (timed directly):
+//                    more than c_target because n tokens touch more routed experts
+//                    (E * (1 - (1 - top_k / E)^n) per MoE layer) and do n tokens' FLOPs.
+//   --profile prints only c_verify(k + 1) and c_target by kind of op.
 //
 //   spec_bench --model DIR [--draft DIR] [--threads N] [--tokens 128] [--k 2,4,6]
-//              [--temperatures 0,0.7] [--markdown]
+//              [--temperatures 0,0.7] [--markdown] [--profile]
 #include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstdio>
+#include <cmath>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -199,40 +203,51 @@ int main(int argc, char** argv) {
                 draft ? (", draft step " + std::to_string(c_draft) + " ms").c_str()
                 : mtp ? (", MTP head step " + std::to_string(c_mtp) + " ms").c_str() : "");
   if (!markdown)
-    std::printf("%5s %-7s %3s %9s %8s %10s %10s %10s %10s\n", "temp", "method", "k", "tok/s", "speedup", "accept %",
-                "tok/step", "verify/1", "predicted");
+    std::printf("%5s %-7s %3s %9s %8s %10s %10s %10s %10s %10s\n", "temp", "method", "k", "tok/s", "speedup",
+                "accept %", "tok/step", "guess/step", "verify/1", "predicted");
   for (double temp : list(temp_list)) {
     const Run base = decode(model, prompts, tokens, static_cast<float>(temp), {});
-    auto row = [&](const std::string& method, int k, const Run& r, double verify_ratio, double predicted) {
+    // verify(n) / step for a forward over n tokens, timed once per n
+    std::map<int64_t, double> verify_ratios;
+    auto verify_ratio = [&](int64_t n) {
+      auto it = verify_ratios.find(n);
+      if (it == verify_ratios.end()) it = verify_ratios.emplace(n, forward_ms(model, context, n) / c_target).first;
+      return it->second;
+    };
+    auto row = [&](const std::string& method, int k, const Run& r, double c_guess) {
       // a proposer that never guessed (n-gram on random tokens finds no match) has no acceptance to show
       const bool guessed = k && r.stats.spec_steps > 0;
+      // Adaptive k guesses fewer than k when guesses are rejected: the cost model takes the mean
+      // guesses per verification step g, g proposer steps and a target forward over round(g) + 1.
+      const double g = guessed ? static_cast<double>(r.stats.draft_tokens) / r.stats.spec_steps : 0.0;
+      const double verify = guessed ? verify_ratio(std::lround(g) + 1) : 0.0;
+      const double predicted = guessed ? r.stats.mean_accepted_length() / (g * c_guess / c_target + verify) : 0.0;
+      auto fixed = [&](bool show, const char* f, double v) { return show ? fmt::format(fmt::runtime(f), v) : "-"; };
       if (markdown)
-        std::printf("| %s | %s | %.1f | %s | %s | %.1f | %.2fx | %s | %s | %s | %s |\n", model_dir.c_str(),
-                    method == "mtp" ? "its MTP head" : draft ? draft_dir.c_str() : "-", temp, method.c_str(), k ? std::to_string(k).c_str() : "-", r.tok_s,
-                    r.tok_s / base.tok_s,
+        std::printf("| %s | %s | %.1f | %s | %s | %.1f | %.2fx | %s | %s | %s | %s | %s | %s |\n", model_dir.c_str(),
+                    method == "mtp" ? "its MTP head" : draft ? draft_dir.c_str() : "-", temp, method.c_str(),
+                    k ? std::to_string(k).c_str() : "-", r.tok_s, r.tok_s / base.tok_s,
                     guessed ? fmt::format("{:.1f}", 100.0 * r.stats.acceptance_rate()).c_str() : k ? "no guesses" : "-",
-                    guessed ? fmt::format("{:.2f}", r.stats.mean_accepted_length()).c_str() : "-",
-                    k ? fmt::format("{:.2f}", verify_ratio).c_str() : "-",
-                    guessed ? fmt::format("{:.2f}x", predicted).c_str() : "-");
+                    fixed(guessed, "{:.2f}", r.stats.mean_accepted_length()).c_str(), fixed(guessed, "{:.2f}", g).c_str(),
+                    fixed(guessed, "{:.2f}", verify).c_str(), fixed(k > 0, "{:.2f}", c_guess / c_target).c_str(),
+                    fixed(guessed, "{:.2f}x", predicted).c_str());
       else
-        std::printf("%5.1f %-7s %3d %9.1f %7.2fx %10.1f %10.2f %10.2f %9.2fx\n", temp, method.c_str(), k, r.tok_s,
-                    r.tok_s / base.tok_s, 100.0 * r.stats.acceptance_rate(), r.stats.mean_accepted_length(),
-                    verify_ratio, predicted);
+        std::printf("%5.1f %-7s %3d %9.1f %7.2fx %10.1f %10.2f %10.2f %10.2f %9.2fx\n", temp, method.c_str(), k, r.tok_s,
+                    r.tok_s / base.tok_s, 100.0 * r.stats.acceptance_rate(), r.stats.mean_accepted_length(), g, verify,
+                    predicted);
     };
-    row("none", 0, base, 0, 0);
+    row("none", 0, base, 0);
     for (double kd : list(k_list)) {
       const int k = static_cast<int>(kd);
-      const double verify_ratio = forward_ms(model, context, k + 1) / c_target;
       for (const std::string method : {"ngram", "draft", "mtp"}) {
         if ((method == "draft" && !draft) || (method == "mtp" && !mtp)) continue;
         // a guess costs one proposer forward: the draft's step, or the MTP head's (its first
-        // forward runs over the step's kept rows, the next k - 1 over one row each)
+        // forward runs over the step's kept rows, the next ones over one row each)
         const double c_guess = method == "draft" ? c_draft : method == "mtp" ? c_mtp : 0.0;
         const Run r = decode(model, prompts, tokens, static_cast<float>(temp),
                              {.method = method, .num_tokens = k,
                               .draft_model = method == "mtp" ? mtp.get() : draft.get()});
-        const double cost = k * c_guess / c_target + verify_ratio;
-        row(method, k, r, verify_ratio, r.stats.mean_accepted_length() / cost);
+        row(method, k, r, c_guess);
       }
     }
   }
