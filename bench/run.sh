@@ -395,9 +395,10 @@ engine_rows=""
 # Speculative decoding at one stream (bench/spec_bench.cpp): the shipped pair with its draft and
 # n-gram lookup at one thread, and n-gram and the MTP head on the bench checkpoint with an MTP layer
 # at ENGINE_THREADS, each next to its cost model; then where a verification forward's time goes
-# (spec_bench --profile) on the shipped target. The MTP checkpoint is the bench checkpoint (same
-# seed, same weights) plus DeepSeek-V3's MTP layer, generated here when missing (~1 minute, 8.9 GB):
-#   tools/make_checkpoint.py --preset bench --mtp --out checkpoints/bench-mtp --shards 4
+# (spec_bench --profile) on the shipped target. The MTP checkpoint is the bench checkpoint (its
+# shards linked, so the two share the page cache) plus DeepSeek-V3's MTP layer (random weights: its
+# guesses are never accepted, the rows measure the cost), generated here when missing (~10 s, 2 GB):
+#   tools/make_checkpoint.py --mtp-over checkpoints/bench --out checkpoints/bench-mtp
 BENCH_MTP=${BENCH_MTP:-checkpoints/bench-mtp}
 cmake --build "$BUILD_DIR" --target spec_bench -j2 >/dev/null
 spec_benchmarks() {
@@ -406,7 +407,7 @@ spec_benchmarks() {
   "$BUILD_DIR/spec_bench" --model models/k3-nano --draft models/k3-nano-draft --threads 1 --k 2,4,6 \
     --temperatures 0,0.7 --markdown
   if [[ -f checkpoints/bench/config.json && ! -f "$BENCH_MTP/config.json" ]]; then
-    /usr/bin/python3 tools/make_checkpoint.py --preset bench --mtp --out "$BENCH_MTP" --shards 4 >/dev/null
+    /usr/bin/python3 tools/make_checkpoint.py --mtp-over checkpoints/bench --out "$BENCH_MTP" >/dev/null
   fi
   if [[ -f "$BENCH_MTP/config.json" ]]; then
     "$BUILD_DIR/spec_bench" --model "$BENCH_MTP" --threads "$ENGINE_THREADS" --k 1,2,4 --temperatures 0 --tokens 64 \

@@ -16,6 +16,10 @@ nearest even), and config gets quantization_config. The values are drawn exactly
 variant (same seed -> same bf16 weights before quantization).
 --mtp: num_nextn_predict_layers = 1 and one extra layer model.layers.{L}.* (the DeepSeek-V3 MTP
 module tensors) that a loader must skip.
+--mtp-over DIR (with --out): DIR's DeepSeek-V3 checkpoint plus an MTP layer, without a second copy of
+its weights: DIR's shard files linked (relative symlinks, so both checkpoints share the page cache),
+the MTP layer's tensors alone in model-mtp.safetensors (drawn from --seed, so not the values --mtp
+would draw after the whole model), and an index over both.
 Kimi Linear (config "architectures": ["KimiLinearForCausalLM"]): the KDA / NoPE-MLA / MoE tensors of
 tools/reference_kimi.py; A_log, dt_bias and e_score_correction_bias are F32, the rest BF16. A_log is
 log(A) with A ~ U(1, 4) per head and dt_bias the inverse softplus of dt, log-uniform in [1e-3, 0.1]
@@ -572,6 +576,39 @@ def make(cfg_dict, out, seed=0, use_fp8=False, shards=1, mtp=False, log=False, i
     return cfg
 
 
+def make_mtp_over(base, out, seed=0, init="0.02"):
+    with open(os.path.join(base, "config.json")) as f:
+        cfg_dict = json.load(f)
+    assert not is_kimi_config(cfg_dict) and not is_k3_config(cfg_dict), "--mtp-over: a DeepSeek-V3 checkpoint"
+    assert not cfg_dict.get("num_nextn_predict_layers"), "--mtp-over: %s already has MTP layers" % base
+    assert "quantization_config" not in cfg_dict, "--mtp-over: a bf16 checkpoint"
+    cfg = Config(cfg_dict)
+    have = {name for name, _, _ in tensor_specs(cfg)}
+    gen = torch.Generator().manual_seed(seed)
+    entries = [Entry(name, "BF16", shape, producer=lambda s=shape, k=kind: draw(gen, s, k, init).to(torch.bfloat16))
+               for name, shape, kind in tensor_specs(cfg, mtp=True) if name not in have]
+    index_path = os.path.join(base, "model.safetensors.index.json")
+    if os.path.exists(index_path):
+        with open(index_path) as f:
+            weight_map = json.load(f)["weight_map"]
+    else:
+        weight_map = {name: "model.safetensors" for name in have}
+    os.makedirs(out, exist_ok=True)
+    for fn in os.listdir(out):
+        if fn.endswith(".safetensors") or fn == "model.safetensors.index.json":
+            os.remove(os.path.join(out, fn))
+    rel = os.path.relpath(os.path.abspath(base), os.path.abspath(out))
+    for fn in sorted(set(weight_map.values())):
+        os.symlink(os.path.join(rel, fn), os.path.join(out, fn))
+    write_safetensors(os.path.join(out, "model-mtp.safetensors"), entries, {"format": "pt"})
+    weight_map.update({e.name: "model-mtp.safetensors" for e in entries})
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=2)
+    cfg_dict["num_nextn_predict_layers"] = 1
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg_dict, f, indent=2)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config")
@@ -581,9 +618,15 @@ def main():
     ap.add_argument("--fp8", action="store_true")
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--mtp", action="store_true")
+    ap.add_argument("--mtp-over", metavar="DIR", help="DIR's checkpoint (linked) plus an MTP layer")
     ap.add_argument("--init", default=None,
                     help='matrix init std, or "fanin" (1/sqrt(in)); default 0.02 (bench-kimi: fanin)')
     a = ap.parse_args()
+    torch.set_num_threads(1)
+    if a.mtp_over:
+        make_mtp_over(a.mtp_over, a.out, a.seed, a.init or "0.02")
+        print("wrote", a.out)
+        return
     if a.preset:
         cfg = PRESETS[a.preset]
     elif a.config:
