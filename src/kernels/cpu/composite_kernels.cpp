@@ -107,9 +107,18 @@ void moe_experts_cpu(const MoeExpertsArgs& a, const InnerOps& inner) {
   // 16-row total and took 8x the one-token layer.
   ThreadPool& pool = thread_pool();
   const int64_t threads = pool.num_threads();
-  int64_t max_rows = 0;
-  for (int32_t e : s.active) max_rows = std::max(max_rows, s.expert_begin[e + 1] - s.expert_begin[e]);
-  if (threads > 1 && max_rows <= kSideBySideMaxRows && static_cast<int64_t>(s.active.size()) >= threads) {
+  int64_t max_rows = 0, min_rows = R;
+  for (int32_t e : s.active) {
+    max_rows = std::max(max_rows, s.expert_begin[e + 1] - s.expert_begin[e]);
+    min_rows = std::min(min_rows, s.expert_begin[e + 1] - s.expert_begin[e]);
+  }
+  const bool side_by_side =
+      threads > 1 && max_rows <= kSideBySideMaxRows && static_cast<int64_t>(s.active.size()) >= threads;
+  if (side_by_side && min_rows == max_rows) {  // one token's experts: equal shares of the pool
+    pool.parallel_for(static_cast<int64_t>(s.active.size()), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) run_expert(s.active[i]);
+    });
+  } else if (side_by_side) {
     // One bin of experts per thread, balanced by cost (longest first, each to the cheapest bin).
     // An expert costs its weights' streaming, about kExpertFixedRows rows' worth of dot products
     // on the decode tiles, plus its rows.
