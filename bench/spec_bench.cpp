@@ -216,7 +216,7 @@ int main(int argc, char** argv) {
                 : mtp ? (", MTP head step " + std::to_string(c_mtp) + " ms").c_str() : "");
   if (!markdown)
     std::printf("%5s %-7s %3s %9s %8s %10s %10s %10s %10s %10s\n", "temp", "method", "k", "tok/s", "speedup",
-                "accept %", "tok/step", "guess/step", "verify/1", "predicted");
+                "accept %", "tok/step", "guess/step", "verify/step", "predicted");
   for (double temp : list(temp_list)) {
     const Run base = decode(model, prompts, tokens, static_cast<float>(temp), {});
     // verify(n) / step for a forward over n tokens, timed once per n

@@ -1261,11 +1261,12 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
   const int64_t direct_max_tokens = q4    ? kQ4DirectMaxTokens
                                     : fp8 ? kFp8DirectMaxTokens
                                           : (w.dtype == DType::BF16 ? kBf16DirectMaxTokens : kF16DirectMaxTokens);
-  const int64_t amx_direct_max_tokens = q4    ? kAmxQ4DirectMaxTokens
-                                        : fp8 ? kAmxFp8DirectMaxTokens
-                                        : w.dtype != DType::BF16            ? kF16DirectMaxTokens
-                                        : K <= kAmxStripPrefetchMaxK && K % 32 == 0 ? kAmxBf16NarrowDirectMaxTokens
-                                                                            : kAmxBf16DirectMaxTokens;
+  const bool narrow_bf16 = w.dtype == DType::BF16 && K <= kAmxStripPrefetchMaxK && K % 32 == 0;
+  const int64_t amx_direct_max_tokens = q4                         ? kAmxQ4DirectMaxTokens
+                                        : fp8                        ? kAmxFp8DirectMaxTokens
+                                        : w.dtype != DType::BF16     ? kF16DirectMaxTokens
+                                        : narrow_bf16                ? kAmxBf16NarrowDirectMaxTokens
+                                                                     : kAmxBf16DirectMaxTokens;
   const bool panels = !split && T > (amx ? amx_direct_max_tokens : direct_max_tokens);
   if (panels && count > 1) {
     for (int64_t i = 0; i < count; ++i) matmul_impl(x, T, ws + i, ys + i, 1, precision, amx);
