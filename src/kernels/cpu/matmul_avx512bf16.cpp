@@ -86,9 +86,11 @@ constexpr int64_t kF16DirectMaxTokens = 4;
 // MXFP4 0.92-0.96x at 6, 1.23-1.26x at 8. At T = 64 the panels ran 4.2-5.2x the tiles.
 // 4-bit with the int16-activation tiles (same VM, 3072 x 3584, best of 3, tiles' time / AMX's):
 // MXFP4 0.66-0.68 at T = 7, 0.69-0.73 at 8, 0.85-0.89 at 10, 1.01-1.08 at 12, 1.36-1.41 at 16 (1 and
-// 2 threads); INT4 0.66 / 0.81 / 0.95 / 1.29 at 7 / 10 / 12 / 16.
+// 2 threads); INT4 0.66 / 0.81 / 0.95 / 1.29 at 7 / 10 / 12 / 16. fp8 again after its panels'
+// dequantization got faster (table decode, codes prefetched; 1408 x 2048, 1 and 2 threads, tiles'
+// time / panels'): 0.86 at T = 6, 1.04-1.06 at 7, 1.14-1.15 at 8, 1.40-1.42 at 10.
 constexpr int64_t kAmxBf16DirectMaxTokens = 6;
-constexpr int64_t kAmxFp8DirectMaxTokens = 12;
+constexpr int64_t kAmxFp8DirectMaxTokens = 6;
 constexpr int64_t kAmxQ4DirectMaxTokens = 11;
 // bf16 calls of up to this many tokens on AMX read the weights as A tiles in place (amx_strip_tiles),
 // longer ones run on packed panels.
@@ -835,6 +837,11 @@ void dequantize_rows(const WeightMatrix& w, int64_t n0, int64_t rows, int64_t k0
   // block during the tiles gained nothing measurable (+0.5-1%).
   static const Fp8Tables tables = fp8_tables();
   const int64_t scale_cols = w.scale_cols();
+  // The codes are read 2 KiB ahead: without it the loads waited on memory (perf: most of the
+  // samples on the instruction after them) and a 1408 x 2048 panel call ran at ~2.5 GB/s of
+  // weights whatever T. Xeon VM, 1 thread, T = 16 / 64 / 512: 1064 -> 705, 1244 -> 963, 4003 ->
+  // 3675 us (256 B ahead: 886, 512: 821, 1 KiB: 751, 4 KiB: 731 at T = 16).
+  constexpr int64_t kDequantPrefetchBytes = 2048;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t n = n0 + r;
     uint16_t* out = dst + r * ds - k0;
@@ -847,6 +854,7 @@ void dequantize_rows(const WeightMatrix& w, int64_t n0, int64_t rows, int64_t k0
         s = _mm512_set1_ps(scale_row[k / w.block_in]);
         block_end = (k / w.block_in + 1) * w.block_in;
       }
+      _mm_prefetch(reinterpret_cast<const char*>(src + k + kDequantPrefetchBytes), _MM_HINT_T0);
       __m512i a, b;  // bf16 of codes {0-7, 16-23, 32-39, 48-55} and {8-15, 24-31, 40-47, 56-63}
       fp8x64_to_bf16(src + k, tail_mask64(std::max<int64_t>(0, K - k)), tables, a, b);
       const __m512 a0 = _mm512_mul_ps(bf16x16_to_f32(_mm512_castsi512_si256(a)), s);        // codes 0-7, 16-23
