@@ -183,9 +183,6 @@ int main(int argc, char** argv) {
   for (const DeepseekModel* m : {&model, draft.get(), mtp.get()})
     if (m) fault_in(*m);
   const int64_t context = 16 + tokens / 2;  // the mean context of a decode
-  const double c_target = forward_ms(model, context, 1);
-  const double c_draft = draft ? forward_ms(*draft, context, 1) : 0.0;
-  const double c_mtp = mtp ? forward_ms(*mtp, context, 1) : 0.0;
   if (profile) {
     // Where verify(k+1) / step comes from: each kind of op's time over 1 token and over k + 1.
     std::vector<int64_t> ns{1};
@@ -209,6 +206,9 @@ int main(int argc, char** argv) {
     line("total / step", [&](size_t i) { return total_ms[i] / total_ms[0]; });
     return 0;
   }
+  const double c_target = forward_ms(model, context, 1);
+  const double c_draft = draft ? forward_ms(*draft, context, 1) : 0.0;
+  const double c_mtp = mtp ? forward_ms(*mtp, context, 1) : 0.0;
   if (!markdown)
     std::printf("%s%s%s, %d threads, %zu prompts x %ld tokens; target step %.3f ms%s\n", model_dir.c_str(),
                 draft ? " + draft " : "", draft_dir.c_str(), threads, prompts.size(), tokens, c_target,

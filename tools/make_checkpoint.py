@@ -473,6 +473,13 @@ def is_mxfp4_config(d):
     return q.get("quant_method") == "compressed-tensors" and q.get("format") == "mxfp4-pack-quantized"
 
 
+def clear_shards(out):
+    """Removes a previous checkpoint's weight files from out (a shard count may have changed)."""
+    for fn in os.listdir(out):
+        if fn.endswith(".safetensors") or fn == "model.safetensors.index.json":
+            os.remove(os.path.join(out, fn))
+
+
 def make(cfg_dict, out, seed=0, use_fp8=False, shards=1, mtp=False, log=False, init="0.02"):
     cfg_dict = dict(cfg_dict)
     if mtp:
@@ -554,9 +561,7 @@ def make(cfg_dict, out, seed=0, use_fp8=False, shards=1, mtp=False, log=False, i
         k = min(shards - 1, acc * shards // max(total, 1))
         shard_lists[k].extend(g)
         acc += sum(e.nbytes() for e in g)
-    for fn in os.listdir(out):
-        if fn.endswith(".safetensors") or fn == "model.safetensors.index.json":
-            os.remove(os.path.join(out, fn))
+    clear_shards(out)
     meta = {"format": "pt"}
     if shards == 1:
         write_safetensors(os.path.join(out, "model.safetensors"), entries, meta)
@@ -594,9 +599,7 @@ def make_mtp_over(base, out, seed=0, init="0.02"):
     else:
         weight_map = {name: "model.safetensors" for name in have}
     os.makedirs(out, exist_ok=True)
-    for fn in os.listdir(out):
-        if fn.endswith(".safetensors") or fn == "model.safetensors.index.json":
-            os.remove(os.path.join(out, fn))
+    clear_shards(out)
     rel = os.path.relpath(os.path.abspath(base), os.path.abspath(out))
     for fn in sorted(set(weight_map.values())):
         os.symlink(os.path.join(rel, fn), os.path.join(out, fn))

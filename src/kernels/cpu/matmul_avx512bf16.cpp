@@ -95,12 +95,12 @@ constexpr int64_t kAmxQ4DirectMaxTokens = 11;
 // bf16 calls of up to this many tokens on AMX read the weights as A tiles in place (amx_strip_tiles),
 // longer ones run on packed panels.
 constexpr int64_t kAmxStripMaxTokens = 48;
-// Strips of matrices with at most this many columns (a strip <= 8 KiB, rows sharing 4 KiB pages)
-// prefetch the next strip into L1 while they compute: the hardware prefetcher did not follow their
-// row-interleaved reads. Xeon VM, 1 thread, 2048 x 256, T = 1-3: 103-129 -> 81-87 us from memory,
+// Narrow bf16 matrices: at most this many columns (a strip <= 8 KiB, rows sharing 4 KiB pages).
+// Their strips prefetch the next strip into L1 while they compute: the hardware prefetcher did not
+// follow their row-interleaved reads. Xeon VM, 1 thread, 2048 x 256, T = 1-3: 103-129 -> 81-87 us from memory,
 // 384 x 256 in L3 11 -> 8 us; at K = 1024-2048 the same prefetches cost 15-60% (each row is its
 // own stream there, which the hardware follows), into L2 as well.
-constexpr int64_t kAmxStripPrefetchMaxK = 256;
+constexpr int64_t kAmxNarrowMaxK = 256;
 // Such narrow bf16 matrices leave the decode tiles from 5 tokens. The strips run flat from T = 2 to
 // 6 (2048 x 256, 1 thread, us per call: in L3 35-38 against the tiles' 36 / 51 / 52 / 67 / 76 at
 // T = 2..6; from memory 76-82 against 63 / 82 / 85 / 80 / 86), but in a model at 2 threads the
@@ -153,14 +153,19 @@ struct Fp8Tables {
   __m512i lo0, lo1, hi0, hi1;  // bytes of bf16(magnitude m): m = 0..63 in *0, 64..127 in *1
 };
 
-Fp8Tables fp8_tables() {
-  alignas(64) uint8_t lo[128], hi[128];
-  for (int m = 0; m < 128; ++m) {
-    const uint16_t b = f32_to_bf16(fp8_e4m3_to_f32(static_cast<uint8_t>(m)));
-    lo[m] = static_cast<uint8_t>(b & 0xff);
-    hi[m] = static_cast<uint8_t>(b >> 8);
-  }
-  return {_mm512_load_si512(lo), _mm512_load_si512(lo + 64), _mm512_load_si512(hi), _mm512_load_si512(hi + 64)};
+// Built once (~6 us, a few % of a decode call), shared by the decode tiles and dequantize_rows.
+const Fp8Tables& fp8_tables() {
+  static const Fp8Tables tables = [] {
+    alignas(64) uint8_t lo[128], hi[128];
+    for (int m = 0; m < 128; ++m) {
+      const uint16_t b = f32_to_bf16(fp8_e4m3_to_f32(static_cast<uint8_t>(m)));
+      lo[m] = static_cast<uint8_t>(b & 0xff);
+      hi[m] = static_cast<uint8_t>(b >> 8);
+    }
+    return Fp8Tables{_mm512_load_si512(lo), _mm512_load_si512(lo + 64), _mm512_load_si512(hi),
+                     _mm512_load_si512(hi + 64)};
+  }();
+  return tables;
 }
 
 inline void fp8x64_to_bf16(const uint8_t* p, __mmask64 mask, const Fp8Tables& t, __m512i& a, __m512i& b) {
@@ -809,6 +814,13 @@ void permute_x_q4_panel(const uint16_t* xb, int64_t T, int64_t Kp, int64_t Kq, u
 // every token reuses the chunk. k0 and width are multiples of 64.
 inline __m512 bf16x16_to_f32(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
 
+// Halves of fp8x64_to_bf16's outputs (a: codes {0-7, 16-23} of 32, b: {8-15, 24-31}) times s,
+// rounded to bf16 and stored as 32 values in natural order at out.
+inline void store_scaled_bf16x32(uint16_t* out, __m256i a, __m256i b, __m512 s) {
+  const __m512i v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(bf16x16_to_f32(b), s), _mm512_mul_ps(bf16x16_to_f32(a), s));
+  _mm512_storeu_si512(out, _mm512_shuffle_i64x2(v, v, 0xd8));  // 128-bit lanes [0-7, 16-23, 8-15, 24-31] -> in order
+}
+
 void dequantize_rows(const WeightMatrix& w, int64_t n0, int64_t rows, int64_t k0, int64_t width, uint16_t* dst,
                      int64_t ds) {
   const int64_t K = w.in_features;
@@ -835,7 +847,7 @@ void dequantize_rows(const WeightMatrix& w, int64_t n0, int64_t rows, int64_t k0
   // took twice the instructions. bench-fp8 prefill of 512 tokens (Xeon VM, alternating runs):
   // 182-184 -> 198-209 tok/s at 1 thread, 287-315 -> 328-345 at 2. An L2 prefetch of the next raw
   // block during the tiles gained nothing measurable (+0.5-1%).
-  static const Fp8Tables tables = fp8_tables();
+  const Fp8Tables& tables = fp8_tables();
   const int64_t scale_cols = w.scale_cols();
   // The codes are read 2 KiB ahead: without it the loads waited on memory (perf: most of the
   // samples on the instruction after them) and a 1408 x 2048 panel call ran at ~2.5 GB/s of
@@ -857,16 +869,9 @@ void dequantize_rows(const WeightMatrix& w, int64_t n0, int64_t rows, int64_t k0
       _mm_prefetch(reinterpret_cast<const char*>(src + k + kDequantPrefetchBytes), _MM_HINT_T0);
       __m512i a, b;  // bf16 of codes {0-7, 16-23, 32-39, 48-55} and {8-15, 24-31, 40-47, 56-63}
       fp8x64_to_bf16(src + k, tail_mask64(std::max<int64_t>(0, K - k)), tables, a, b);
-      const __m512 a0 = _mm512_mul_ps(bf16x16_to_f32(_mm512_castsi512_si256(a)), s);        // codes 0-7, 16-23
-      const __m512 b0 = _mm512_mul_ps(bf16x16_to_f32(_mm512_castsi512_si256(b)), s);        // 8-15, 24-31
-      // 128-bit lanes [0-7, 16-23, 8-15, 24-31] -> natural order
-      const __m512i v0 = (__m512i)_mm512_cvtne2ps_pbh(b0, a0);
-      _mm512_storeu_si512(out + k, _mm512_shuffle_i64x2(v0, v0, 0xd8));
+      store_scaled_bf16x32(out + k, _mm512_castsi512_si256(a), _mm512_castsi512_si256(b), s);
       if (k + 32 >= k0 + width) break;  // a width of 32 past the last whole 64
-      const __m512 a1 = _mm512_mul_ps(bf16x16_to_f32(_mm512_extracti64x4_epi64(a, 1)), s);  // 32-39, 48-55
-      const __m512 b1 = _mm512_mul_ps(bf16x16_to_f32(_mm512_extracti64x4_epi64(b, 1)), s);  // 40-47, 56-63
-      const __m512i v1 = (__m512i)_mm512_cvtne2ps_pbh(b1, a1);
-      _mm512_storeu_si512(out + k + 32, _mm512_shuffle_i64x2(v1, v1, 0xd8));
+      store_scaled_bf16x32(out + k + 32, _mm512_extracti64x4_epi64(a, 1), _mm512_extracti64x4_epi64(b, 1), s);
     }
   }
 }
@@ -1118,7 +1123,7 @@ __attribute__((noinline)) void amx_panel_tiles(const uint16_t* xt, int64_t Kx, i
 // software prefetches of the rows 0.5-4 KiB ahead only cost there). Calls of up to
 // kAmxStripMaxTokens run here: batched decode's experts, speculative verification, prefill's
 // routed experts (~48 rows each at 512 tokens x 6 of 64). next: the following strip, to prefetch
-// into L1 (narrow matrices only, kAmxStripPrefetchMaxK), or nullptr.
+// into L1 (narrow matrices only, kAmxNarrowMaxK), or nullptr.
 __attribute__((noinline)) void amx_strip_tiles(const uint16_t* wrow, int64_t ws, int64_t steps, const uint32_t* xv,
                                                int64_t Kx, int64_t groups, float* acc, const char* next) {
   _tile_zero(0);
@@ -1197,7 +1202,7 @@ void matmul_amx_strips(const WeightMatrix& w, const uint16_t* xb, int64_t T, int
       }
       for (int64_t g0 = 0; g0 < blocks; g0 += 4) {
         const int64_t groups = std::min<int64_t>(4, blocks - g0);
-        const bool prefetch_next = K <= kAmxStripPrefetchMaxK && g0 == 0 && st + 1 < s1;
+        const bool prefetch_next = K <= kAmxNarrowMaxK && g0 == 0 && st + 1 < s1;
         amx_strip_tiles(wrow, K, steps, xv + g0 * (Kx / 2) * kAmxTokens, Kx, groups, acc,
                         prefetch_next ? reinterpret_cast<const char*>(wb + (n0 + 16) * K) : nullptr);
         for (int64_t g = 0; g < groups; ++g)
@@ -1286,7 +1291,7 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
   const int64_t direct_max_tokens = q4    ? kQ4DirectMaxTokens
                                     : fp8 ? kFp8DirectMaxTokens
                                           : (w.dtype == DType::BF16 ? kBf16DirectMaxTokens : kF16DirectMaxTokens);
-  const bool narrow_bf16 = w.dtype == DType::BF16 && K <= kAmxStripPrefetchMaxK && K % 32 == 0;
+  const bool narrow_bf16 = w.dtype == DType::BF16 && K <= kAmxNarrowMaxK && K % 32 == 0;
   const int64_t amx_direct_max_tokens = q4                         ? kAmxQ4DirectMaxTokens
                                         : fp8                        ? kAmxFp8DirectMaxTokens
                                         : w.dtype != DType::BF16     ? kF16DirectMaxTokens
@@ -1387,7 +1392,7 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
   // scale on fp32 partial sums. Otherwise (prefill): chunks dequantized once to bf16 with the
   // scale folded in (W * scale rounded) and reused by every token.
   const bool fp8_direct = fp8 && (split || T <= kFp8DirectMaxTokens);
-  static const Fp8Tables tables = fp8_tables();  // built once: ~6 us, a few % of a decode call
+  const Fp8Tables& tables = fp8_tables();
   thread_local std::vector<uint16_t> xp_buf;  // [T, Kp] hi (+ [T, Kp] lo) in lane-split order, fp8 only
   if (fp8_direct) {
     xp_buf.resize(static_cast<size_t>((split ? 2 : 1) * T * Kp));
