@@ -264,9 +264,12 @@ int main(int argc, char** argv) {
   };
   // The first prefill faults the mmapped weights in; the second is the measurement.
   prefill();
+  ops::OpProfile prefill_profile;
+  if (a.profile) model.set_op_profile(&prefill_profile);
   const auto p0 = std::chrono::steady_clock::now();
   prefill();
   const double prefill_s = bench::seconds_since(p0);
+  model.set_op_profile(nullptr);
 
   int32_t next_token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   int64_t position = a.prompt_tokens;
@@ -376,18 +379,26 @@ int main(int argc, char** argv) {
     std::printf("  peak RSS %.0f MiB; checkpoint %.0f MiB + KV %.0f MiB (ratio %.2f)\n", rss, ckpt_mib, kv_mib,
                 rss / (ckpt_mib + kv_mib));
     if (a.profile) {
+      // per decode token, and the whole timed prefill: where the time goes and how fast each kind
+      // streams its weights
+      auto print_profile = [&](const ops::OpProfile& prof, double total_s, double per) {
+        for (int k = 0; k < ops::OpProfile::kNumKinds; ++k) {
+          const auto& b = prof.buckets[k];
+          if (b.calls == 0) continue;
+          std::printf("    %-16s %7.2f ms, %5.1f calls", ops::OpProfile::kNames[k], 1e3 * b.seconds / per,
+                      static_cast<double>(b.calls) / per);
+          if (b.weight_bytes > 0)
+            std::printf(", %.1f MB of weights at %.1f GB/s (%.0f%% of the bandwidth)", b.weight_bytes / per / 1e6,
+                        b.weight_bytes / b.seconds / 1e9, 100 * b.weight_bytes / b.seconds / bandwidth);
+          std::printf("\n");
+        }
+        std::printf("    %-16s %7.2f ms (norms, routing, residuals, embedding, argmax)\n", "rest",
+                    1e3 * (total_s - prof.seconds()) / per);
+      };
+      std::printf("  prefill time by kind of op (%.1f ms in all):\n", 1e3 * prefill_s);
+      print_profile(prefill_profile, prefill_s, 1.0);
       std::printf("  decode time per token by kind of op (%.2f ms in all):\n", 1e3 * decode_s);
-      for (int k = 0; k < ops::OpProfile::kNumKinds; ++k) {
-        const auto kind = static_cast<ops::OpProfile::Kind>(k);
-        if (profile.buckets[k].calls == 0) continue;
-        std::printf("    %-16s %7.2f ms, %5.1f calls", ops::OpProfile::kNames[k], kind_ms(kind),
-                    static_cast<double>(profile.buckets[k].calls) / a.decode_tokens);
-        if (profile.buckets[k].weight_bytes > 0)
-          std::printf(", %.1f MB of weights at %.1f GB/s (%.0f%% of the bandwidth)",
-                      profile.buckets[k].weight_bytes / a.decode_tokens / 1e6, kind_gbs(kind), kind_share(kind));
-        std::printf("\n");
-      }
-      std::printf("    %-16s %7.2f ms (norms, routing, residuals, embedding, argmax)\n", "rest", rest_ms);
+      print_profile(profile, decode_s * a.decode_tokens, static_cast<double>(a.decode_tokens));
     }
   }
   return 0;

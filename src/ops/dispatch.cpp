@@ -155,8 +155,10 @@ void OpTable::matmul_group(const float* x, int64_t T, const MatmulOut* outs, int
   matmul_group_[static_cast<int>(first.dtype)](x, T, ws.data(), ys.data(), count, precision_);
 }
 
-void OpTable::mla_attention(const MlaAttentionArgs& args) const {
+void OpTable::mla_attention(const MlaAttentionArgs& in) const {
   OpProfileScope scope(profile_, OpProfile::attention);
+  MlaAttentionArgs args = in;
+  args.exact = exact_attention_;
   if (mla_pad_to_ == 0 || mla_pad_to_ == args.num_heads) {
     mla_attention_(args);
     return;

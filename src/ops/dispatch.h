@@ -126,7 +126,10 @@ class OpTable {
   // Default: activations rounded to bf16 for the bf16 dot products (W16A16, W8A16, W4A16), as
   // llama.cpp and GPU engines run. Exact: fp32-accurate everywhere (hi + lo split), what the golden
   // tests hold to 1e-3 against the reference; ~2x the prefill time, ~1.05x bf16 and ~1.3x fp8 decode.
-  void set_exact_activations(bool exact) { precision_ = exact ? MatmulPrecision::exact() : MatmulPrecision{}; }
+  void set_exact_activations(bool exact) {
+    precision_ = exact ? MatmulPrecision::exact() : MatmulPrecision{};
+    exact_attention_ = exact;
+  }
   const MatmulPrecision& matmul_precision() const { return precision_; }
   void rms_norm(const float* x, const float* w, int64_t T, int64_t dim, float eps, float* y) const {
     rms_norm_(x, w, T, dim, eps, y);
@@ -218,6 +221,7 @@ class OpTable {
  private:
   Backend backend_ = Backend::reference;
   MatmulPrecision precision_;
+  bool exact_attention_ = false;  // MlaAttentionArgs::exact of every mla_attention call
   std::vector<ResolvedOp> resolved_;
   EmbeddingFn embedding_ = nullptr;
   std::array<MatmulFn, 16> matmul_{};

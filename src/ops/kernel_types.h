@@ -106,6 +106,9 @@ struct MlaAttentionArgs {
   const int32_t* kv_len;          // [T]
   float scale;
   float* out;                     // [T, heads, kv_lora]
+  // fp32-accurate probabilities (OpTable sets it in --exact mode); otherwise a kernel may round
+  // them to bf16 for P . V, as GPU flash attention does (cpu AMX kernel).
+  bool exact = false;
 };
 using MlaAttentionFn = void (*)(const MlaAttentionArgs& args);
 

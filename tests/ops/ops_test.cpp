@@ -561,6 +561,61 @@ TEST(OpsMlaAttention, LongPagedCachesSplitIntoSpansMatchReference) {
   }
 }
 
+// Prompt-shaped calls: runs of one sequence's consecutive tokens with causal lengths, which the
+// AMX kernel takes on tiles (bf16 probabilities: kBf16Dot), alone, between decode
+// tokens of other sequences, across its 4096-row packing spans (a run whose first groups end
+// before the second span), and with D not a multiple of 32; exact calls stay at kExact.
+TEST(OpsMlaAttention, PromptRunsMatchReference) {
+  std::mt19937 rng(11);
+  struct Case {
+    int64_t heads, kv_lora, rope, B;
+    std::vector<int32_t> lengths;
+    std::vector<std::pair<int32_t, int32_t>> tokens;  // (sequence, kv_len)
+  };
+  auto run_of = [](int32_t seq, int32_t last_len, int32_t n) {
+    std::vector<std::pair<int32_t, int32_t>> t;
+    for (int32_t i = 0; i < n; ++i) t.push_back({seq, last_len - n + 1 + i});
+    return t;
+  };
+  auto cat = [](std::vector<std::vector<std::pair<int32_t, int32_t>>> parts) {
+    std::vector<std::pair<int32_t, int32_t>> t;
+    for (auto& p : parts) t.insert(t.end(), p.begin(), p.end());
+    return t;
+  };
+  std::vector<Case> cases;
+  for (int64_t heads : {4, 8, 16, 32}) {
+    cases.push_back({heads, 512, 64, 16, {300}, run_of(0, 300, 40)});
+    cases.push_back({heads, 512, 64, 64, {77, 200}, cat({{{0, 77}}, run_of(1, 200, 24), {{0, 70}, {1, 5}}})});
+  }
+  cases.push_back({8, 64, 8, 16, {150}, run_of(0, 150, 150)});       // D = 72: padded to 96 in the tiles
+  cases.push_back({16, 32, 16, 16, {40}, run_of(0, 40, 36)});         // tiny_qlora's attention (12 heads padded)
+  cases.push_back({16, 512, 64, 64, {49}, run_of(0, 49, 49)});      // a whole prompt from an empty cache
+  cases.push_back({4, 512, 64, 64, {4119}, run_of(0, 4119, 40)});  // spans 0 and 1
+  for (const Case& cs : cases)
+    for (DType dtype : kKvDtypes) {
+      if (cs.lengths[0] > 4096 && dtype != DType::BF16) continue;  // the spans: one dtype is enough
+      const int64_t T = static_cast<int64_t>(cs.tokens.size());
+      PagedMla c(T, cs.heads, cs.kv_lora, cs.rope, cs.B, dtype, cs.lengths, rng);
+      for (int64_t t = 0; t < T; ++t) {
+        c.token_seq[t] = cs.tokens[t].first;
+        c.kv_len[t] = cs.tokens[t].second;
+      }
+      const auto ref = c.reference();
+      const OpShape shape{.heads_per_rank = cs.heads, .head_dim = cs.kv_lora + cs.rope, .kv_dtype = dtype};
+      for (const KernelEntry* k : host_kernels(OpId::mla_attention, shape)) {
+        if (k->backend != Backend::cpu) continue;  // the reference against itself
+        for (bool exact : {false, true}) {
+          std::vector<float> out(ref.size(), NAN);
+          MlaAttentionArgs args = c.args(out.data());
+          args.exact = exact;
+          fn_of<MlaAttentionFn>(k)(args);
+          EXPECT_LE(normalized_error(out, ref), exact ? kExact : kBf16Dot)
+              << k->name << (exact ? " exact " : " ") << c.describe();
+        }
+      }
+    }
+}
+
 ModelOpNeeds needs_with_heads(int64_t heads_per_rank, DType kv_dtype = DType::BF16) {
   return ModelOpNeeds{.matmul_dtypes = {DType::BF16, DType::F8_E4M3},
                       .embedding_dtype = DType::BF16,

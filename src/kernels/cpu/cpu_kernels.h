@@ -21,6 +21,10 @@ void matmul_group(const float* x, int64_t T, const WeightMatrix* const* w, float
                   const MatmulPrecision& precision);
 void matmul_group_amx(const float* x, int64_t T, const WeightMatrix* const* w, float* const* y, int64_t count,
                       const MatmulPrecision& precision);
+// Absorbed MLA attention with runs of one sequence's tokens (prefill, verification) on AMX tiles,
+// bf16 probabilities (mla_amx.cpp); exact calls and decode tokens go to
+// cpu_avx512::mla_attention.
+void mla_attention_amx(const MlaAttentionArgs& args);
 }
 
 // The portable-vector kernels (cpu_generic.inc), one copy per ISA.

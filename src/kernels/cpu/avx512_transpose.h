@@ -1,0 +1,42 @@
+// A 16 x 16 dword transpose in AVX-512 registers, shared by the AMX kernels (matmul_avx512bf16.cpp,
+// mla_amx.cpp) to put bf16 pairs into the B-tile (VNNI) layout. Include it inside a region compiled
+// for avx512f (a "#pragma GCC target" block).
+#pragma once
+
+#include <immintrin.h>
+
+namespace moat::ops::avx512 {
+
+// 16 rows of 32 bf16 (16 column pairs each, as dwords) -> 16 vectors, vector j = pair j of rows
+// 0..15: a 16x16 dword transpose in 4 rounds of 16 shuffles.
+__attribute__((always_inline)) inline void transpose16(__m512i (&r)[16]) {
+  __m512i t[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  // per 128-bit lane L: u[4g + c] holds element 4L + c of rows 4g..4g+3
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; ++g) {
+    const int b = 4 * g;
+    r[b + 0] = _mm512_unpacklo_epi64(t[b + 0], t[b + 2]);
+    r[b + 1] = _mm512_unpackhi_epi64(t[b + 0], t[b + 2]);
+    r[b + 2] = _mm512_unpacklo_epi64(t[b + 1], t[b + 3]);
+    r[b + 3] = _mm512_unpackhi_epi64(t[b + 1], t[b + 3]);
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88), v1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xdd);
+    const __m512i v2 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
+    const __m512i v3 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xdd);
+    t[c] = _mm512_shuffle_i32x4(v0, v2, 0x88);       // element c
+    t[c + 8] = _mm512_shuffle_i32x4(v0, v2, 0xdd);   // element c + 8
+    t[c + 4] = _mm512_shuffle_i32x4(v1, v3, 0x88);   // element c + 4
+    t[c + 12] = _mm512_shuffle_i32x4(v1, v3, 0xdd);  // element c + 12
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+
+}  // namespace moat::ops::avx512
