@@ -199,38 +199,51 @@ void pair_chunk(const uint16_t* qt, int64_t steps, const uint16_t* kt, const uin
   for (int64_t rp = 0; rp < nk / 32; ++rp) {
     _tile_zero(0);
     _tile_zero(1);
-    if constexpr (NQ == 2) {
-      _tile_zero(2);
-      _tile_zero(3);
-    }
+    _tile_zero(2);
+    _tile_zero(3);
     const uint16_t* k0 = kt + 2 * rp * steps * kTileElems;
     const uint16_t* k1 = k0 + steps * kTileElems;
     for (int64_t st = 0; st < steps; ++st) {
-      // the queries' bf16 high and low parts against the same K^T tiles
+      // the queries' bf16 high and low parts against the same K^T tiles; consecutive multiplies go
+      // to different accumulators, so none waits on the one before (2 rows: the lows after both
+      // blocks' highs)
       const uint16_t* a = qt + 2 * st * kTileElems;
       _tile_loadd(6, k0 + st * kTileElems, 64);
       _tile_loadd(7, k1 + st * kTileElems, 64);
-      _tile_loadd(4, a, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_loadd(5, a + kTileElems, 64);
-      _tile_dpbf16ps(0, 5, 6);
-      _tile_dpbf16ps(1, 5, 7);
       if constexpr (NQ == 2) {
-        _tile_loadd(4, a + 2 * steps * kTileElems, 64);
-        _tile_dpbf16ps(2, 4, 6);
-        _tile_dpbf16ps(3, 4, 7);
-        _tile_loadd(5, a + (2 * steps + 1) * kTileElems, 64);
+        const uint16_t* a1 = a + 2 * steps * kTileElems;
+        _tile_loadd(4, a, 64);
+        _tile_loadd(5, a1, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
         _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+        _tile_loadd(4, a + kTileElems, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(5, a1 + kTileElems, 64);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      } else {
+        _tile_loadd(4, a, 64);
+        _tile_loadd(5, a + kTileElems, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);  // tiles 2 and 3 take the low parts; added to 0 and 1 after
         _tile_dpbf16ps(3, 5, 7);
       }
     }
     float* sc = w.s + rp * 32;
     _tile_stored(0, sc, kScoreLd * 4);
     _tile_stored(1, sc + 16, kScoreLd * 4);
-    if constexpr (NQ == 2) {
-      _tile_stored(2, sc + kTileRows * kScoreLd, kScoreLd * 4);
-      _tile_stored(3, sc + kTileRows * kScoreLd + 16, kScoreLd * 4);
+    _tile_stored(2, sc + kTileRows * kScoreLd, kScoreLd * 4);
+    _tile_stored(3, sc + kTileRows * kScoreLd + 16, kScoreLd * 4);
+    if constexpr (NQ == 1) {  // rows 16-31 hold the low parts' products: add them in
+      for (int64_t i = 0; i < kTileRows; ++i)
+        for (int64_t j = 0; j < 32; j += 16) {
+          float* dst = sc + i * kScoreLd + j;
+          _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_loadu_ps(dst), _mm512_loadu_ps(dst + kTileRows * kScoreLd)));
+        }
     }
   }
   // online softmax per row: probabilities as bf16, O rescaled where the max moved
