@@ -535,6 +535,53 @@ int main(int argc, char** argv) {
       rows.push_back({"mla_attention 16 heads, 4096 x 576 bf16 paged cache (block 64), T=1 (" + tt + ")", k->name,
                       flops / sec / 1e9, roof, 100 * flops / sec / 1e9 / roof, "GFLOPS"});
     }
+    // MLA prefill attention: a 1024-token prompt from an empty cache (causal), 16 heads, on the best
+    // kernel and, where AMX runs it on tiles, on the avx512 kernel too (the rate without tiles);
+    // compute-bound: its roofline is the peak of the dot products each kernel uses.
+    {
+      const int64_t heads = 16, T = 1024, C = 512, R = 64, D = C + R, B = 64, blocks = T / B;
+      const DType kv = DType::BF16;
+      const OpShape shape{.heads_per_rank = heads, .head_dim = D, .kv_dtype = kv};
+      const KernelEntry* best = best_kernel(OpId::mla_attention, shape);
+      const KernelEntry* store = best_kernel(OpId::store_latent, OpShape{.head_dim = D, .kv_dtype = kv});
+      HugeBuffer<uint16_t> pool(static_cast<size_t>(T * D));
+      const LatentPages pages{pool.data(), nullptr, kv, B};
+      std::vector<int32_t> table(static_cast<size_t>(blocks));
+      for (int64_t i = 0; i < blocks; ++i) table[i] = static_cast<int32_t>(i);
+      std::shuffle(table.begin(), table.end(), rng);
+      std::vector<float> latent(static_cast<size_t>(T * D)), q(static_cast<size_t>(T * heads * D));
+      for (float& v : latent) v = dist(rng) * 0.1f;
+      for (float& v : q) v = dist(rng);
+      std::vector<int64_t> slots(static_cast<size_t>(T));
+      for (int64_t j = 0; j < T; ++j) slots[j] = int64_t{table[j / B]} * B + j % B;
+      reinterpret_cast<StoreLatentFn>(store->fn)(StoreLatentArgs{latent.data(), T, D, slots.data(), pages});
+      std::vector<int32_t> seq(static_cast<size_t>(T), 0), len(static_cast<size_t>(T));
+      double flops = 0;  // scores and output: 2 flops per element, per head, per visible cache row
+      for (int64_t t = 0; t < T; ++t) {
+        len[t] = static_cast<int32_t>(t + 1);
+        flops += 2.0 * heads * (t + 1) * (D + C);
+      }
+      std::vector<std::vector<float>> outs;
+      const KernelEntry* avx512 = nullptr;
+      for (const KernelEntry* k : Registry::global().kernels(OpId::mla_attention, Backend::cpu))
+        if (k->name == "cpu.mla_attention_avx512") avx512 = k;
+      for (const KernelEntry* k : {best, best->name == "cpu.mla_attention_amx" ? avx512 : nullptr}) {
+        if (!k) continue;
+        std::vector<float> out(static_cast<size_t>(T * heads * C));
+        const MlaAttentionArgs args{q.data(), T, heads, C, R, pages, table.data(), blocks, seq.data(), len.data(), 0.04f,
+                                    out.data()};
+        const double sec = time_per_call([&] { reinterpret_cast<MlaAttentionFn>(k->fn)(args); });
+        const double roof = k->name == "cpu.mla_attention_amx" ? amx_peak : fp32_peak;
+        rows.push_back({"mla_attention prefill 16 heads, 1024 causal tokens, bf16 paged cache (" + tt + ")", k->name,
+                        flops / sec / 1e9, roof, 100 * flops / sec / 1e9 / roof, "GFLOPS"});
+        outs.push_back(std::move(out));
+      }
+      // the tiles' bf16 probabilities against the avx512 kernel's fp32 ones
+      if (outs.size() == 2 && max_norm_err(outs[0], outs[1]) > 1e-2) {
+        std::fprintf(stderr, "cpu.mla_attention_amx disagrees with the avx512 kernel: %g\n", max_norm_err(outs[0], outs[1]));
+        return 1;
+      }
+    }
     if (!kda_rows(rows, tt, bw, fp32_peak, threads == thread_counts.front(), kLlcSpan)) return 1;
   }
 
