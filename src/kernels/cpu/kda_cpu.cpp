@@ -32,6 +32,7 @@
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+#include "kernels/cpu/avx512_helpers.h"
 
 namespace moat::ops {
 namespace {
@@ -65,23 +66,7 @@ inline float hsum(__m512 v) {
   return _mm_cvtss_f32(s4);
 }
 
-// exp(x) = 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p a degree-6 polynomial (Cephes expf's
-// coefficients, ~2 ulp); vscalefps applies 2^n, underflowing gracefully to denormals and 0.
-inline __m512 vexp(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, splat(-104.0f)), splat(88.7f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, splat(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, splat(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, splat(-2.12194440e-4f), r);
-  __m512 p = splat(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, splat(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, splat(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, splat(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, splat(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, splat(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, splat(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
+using avx512::vexp;
 
 // log(x) for normal x > 0: x = 2^e m with m in [sqrt(1/2), sqrt(2)), log(m) = f - f^2/2 + f^3 P(f)
 // with f = m - 1 (Cephes logf's polynomial), ln 2 split in two so e ln2 adds exactly.

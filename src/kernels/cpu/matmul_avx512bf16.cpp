@@ -57,7 +57,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,avx512vnni,fma,bmi2")
-#include "kernels/cpu/avx512_transpose.h"
+#include "kernels/cpu/avx512_helpers.h"
 
 namespace moat::ops::cpu_avx512bf16 {
 namespace {

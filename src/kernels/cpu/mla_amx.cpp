@@ -33,12 +33,13 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,amx-tile,amx-bf16")
-#include "kernels/cpu/avx512_transpose.h"
+#include "kernels/cpu/avx512_helpers.h"
 
 namespace moat::ops::cpu_avx512bf16 {
 namespace {
 
 using avx512::transpose16;
+using avx512::vexp;
 
 constexpr int64_t kTileRows = 16;   // rows of an A or C tile
 constexpr int64_t kTileCols = 32;   // bf16 columns of an A tile: the K of one tdpbf16ps
@@ -58,24 +59,6 @@ constexpr int64_t kSpanRows = 4096;
 // Runs of fewer query rows (tokens x heads) go to the avx512 kernel: packing costs a pass over the
 // context per call, which a decode token (16 rows) or two would not win back.
 constexpr int64_t kMinRunRows = 2 * kPairRows;
-
-// exp(x) on 16 lanes (x <= ~88): 2^n . p(r), r = x - n ln 2, the same polynomial as the
-// portable kernels' vexp; masked-off scores are zeroed by the caller, not here.
-inline __m512 exp_ps(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
 
 inline __mmask16 first_lanes(int64_t n) {
   return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
@@ -264,7 +247,7 @@ void pair_chunk(const uint16_t* qt, int64_t steps, const uint16_t* kt, const uin
     const __m512 vm = _mm512_set1_ps(m_new);
     __m512 vsum = _mm512_setzero_ps();
     for (int64_t v = 0; v < nk / 16; ++v) {
-      const __m512 e = exp_ps(_mm512_fmsub_ps(_mm512_loadu_ps(srow + v * 16), vscale, vm));
+      const __m512 e = vexp(_mm512_fmsub_ps(_mm512_loadu_ps(srow + v * 16), vscale, vm));
       const __m512 pv = _mm512_maskz_mov_ps(first_lanes(lim - v * 16), e);
       vsum = _mm512_add_ps(vsum, pv);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + v * 16), (__m256i)_mm512_cvtneps_pbh(pv));

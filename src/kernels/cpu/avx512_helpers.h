@@ -1,6 +1,7 @@
-// A 16 x 16 dword transpose in AVX-512 registers, shared by the AMX kernels (matmul_avx512bf16.cpp,
-// mla_amx.cpp) to put bf16 pairs into the B-tile (VNNI) layout. Include it inside a region compiled
-// for avx512f (a "#pragma GCC target" block).
+// AVX-512 helpers shared by the kernel files: a 16 x 16 dword transpose (the AMX kernels put bf16
+// pairs into the B-tile (VNNI) layout with it: matmul_avx512bf16.cpp, mla_amx.cpp) and exp on 16
+// lanes (kda_cpu.cpp, mla_amx.cpp). Include it inside a region compiled for avx512f (a "#pragma GCC
+// target" block).
 #pragma once
 
 #include <immintrin.h>
@@ -37,6 +38,24 @@ __attribute__((always_inline)) inline void transpose16(__m512i (&r)[16]) {
   }
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+
+// exp(x) = 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p a degree-6 polynomial (Cephes expf's
+// coefficients, ~2 ulp); vscalefps applies 2^n, underflowing gracefully to denormals and 0.
+inline __m512 vexp(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(88.7f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
 }
 
 }  // namespace moat::ops::avx512
