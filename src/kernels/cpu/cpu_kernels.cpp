@@ -110,8 +110,9 @@ void register_cpu_kernels(Registry& r) {
       Constraints{.weight_dtypes = {DType::BF16, DType::F16, DType::F8_E4M3, DType::MXFP4, DType::INT4_G32},
                   .cpu_isa = "amx-bf16"},
       40, reinterpret_cast<void*>(&cpu_avx512bf16::matmul_group_amx));
-  // Prompt-sized runs of query tokens on tiles (flash attention; 17x the avx512 kernel's rate
-  // on a 512-token prompt); decode tokens and --exact calls go on to the avx512 kernel inside.
+  // Prompt-sized runs of query tokens on tiles (flash attention; 5-7x the avx512 kernel's rate on
+  // a 1024-token prompt, kernel_bench); decode tokens and --exact calls go on to the avx512 kernel
+  // inside.
   add(OpId::mla_attention, "cpu.mla_attention_amx", reinterpret_cast<void*>(&cpu_avx512bf16::mla_attention_amx),
       Constraints{.heads = mla_heads, .kv_dtypes = kv_dtypes, .cpu_isa = "amx-bf16"}, 40);
   register_cpu_kda_kernels(r);
