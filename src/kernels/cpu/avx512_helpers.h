@@ -1,10 +1,12 @@
-// AVX-512 helpers shared by the kernel files: a 16 x 16 dword transpose (the AMX kernels put bf16
-// pairs into the B-tile (VNNI) layout with it: matmul_avx512bf16.cpp, mla_amx.cpp) and exp on 16
+// AVX-512 helpers shared by the kernel files: a 16 x 16 dword transpose and the packing of bf16 rows
+// into B tiles (VNNI layout) built on it (the AMX kernels: matmul_avx512bf16.cpp, mla_amx.cpp) and exp on 16
 // lanes (kda_cpu.cpp, mla_amx.cpp). Include it inside a region compiled for avx512f (a "#pragma GCC
 // target" block).
 #pragma once
 
 #include <immintrin.h>
+
+#include <cstdint>
 
 namespace moat::ops::avx512 {
 
@@ -38,6 +40,25 @@ __attribute__((always_inline)) inline void transpose16(__m512i (&r)[16]) {
   }
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+
+// x[T, Kx] bf16 -> xv[Tp/16][Kx/2][16] column pairs as uint32: a B tile of 16 pairs x 16 tokens is
+// 1 KiB contiguous; tokens T..Tp-1 are zero. Kx % 32 == 0. 16 x 16 dword transposes: a scalar
+// loop here was most of a small matrix's call (k3-nano's 384 x 256: ~1 us of 8).
+inline void pack_x_vnni16(const uint16_t* x, int64_t T, int64_t Tp, int64_t Kx, uint32_t* xv) {
+  for (int64_t b = 0; b < Tp / 16; ++b)
+    for (int64_t p0 = 0; p0 < Kx / 2; p0 += 16) {
+      __m512i r[16];
+#pragma GCC unroll 16
+      for (int t = 0; t < 16; ++t) {
+        const int64_t tok = b * 16 + t;
+        r[t] = tok < T ? _mm512_loadu_si512(x + tok * Kx + 2 * p0) : _mm512_setzero_si512();
+      }
+      transpose16(r);
+      uint32_t* dst = xv + (b * (Kx / 2) + p0) * 16;
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; ++j) _mm512_storeu_si512(dst + j * 16, r[j]);
+    }
 }
 
 // exp(x) = 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p a degree-6 polynomial (Cephes expf's

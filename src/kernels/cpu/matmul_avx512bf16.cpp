@@ -61,6 +61,7 @@
 
 namespace moat::ops::cpu_avx512bf16 {
 namespace {
+using avx512::pack_x_vnni16;
 using avx512::transpose16;
 
 constexpr int64_t kChunkBytes = 128 * 1024;  // weight rows kept in L2 while tokens sweep them
@@ -1128,25 +1129,6 @@ __attribute__((noinline)) void amx_strip_tiles(const uint16_t* wrow, int64_t ws,
   if (groups > 3) _tile_stored(3, acc + 768, 64);
 }
 #pragma GCC pop_options
-
-// x[T, Kx] bf16 -> xv[Tp/16][Kx/2][16] column pairs as uint32: a B tile of 16 pairs x 16 tokens is
-// 1 KiB contiguous; tokens T..Tp-1 are zero. Kx % 32 == 0. 16 x 16 dword transposes: a scalar
-// loop here was most of a small matrix's call (k3-nano's 384 x 256: ~1 us of 8).
-void pack_x_vnni16(const uint16_t* x, int64_t T, int64_t Tp, int64_t Kx, uint32_t* xv) {
-  for (int64_t b = 0; b < Tp / kAmxTokens; ++b)
-    for (int64_t p0 = 0; p0 < Kx / 2; p0 += 16) {
-      __m512i r[16];
-#pragma GCC unroll 16
-      for (int t = 0; t < 16; ++t) {
-        const int64_t tok = b * kAmxTokens + t;
-        r[t] = tok < T ? _mm512_loadu_si512(x + tok * Kx + 2 * p0) : _mm512_setzero_si512();
-      }
-      transpose16(r);
-      uint32_t* dst = xv + (b * (Kx / 2) + p0) * kAmxTokens;
-#pragma GCC unroll 16
-      for (int j = 0; j < 16; ++j) _mm512_storeu_si512(dst + j * kAmxTokens, r[j]);
-    }
-}
 
 // y[T, N] = x . W^T for bf16 W (K % 32 == 0) by amx_strip_tiles: xb is x bf16 [Tp, Kx] (Tp = T
 // rounded up to 16, padding rows zero), parallel over 16-row strips of W.

@@ -38,7 +38,7 @@
 namespace moat::ops::cpu_avx512bf16 {
 namespace {
 
-using avx512::transpose16;
+using avx512::pack_x_vnni16;
 using avx512::vexp;
 
 constexpr int64_t kTileRows = 16;   // rows of an A or C tile
@@ -94,15 +94,13 @@ void latent_row_bf16(const LatentPages& c, int64_t slot, int64_t D, int64_t Dp, 
 // A span's context rows in the two B layouts. kt: K^T tiles [rows/16][Dp/32][16 dim pairs][16 rows]
 // (pairs as dwords); vt: V tiles [rows/32][C/16][16 row pairs][16 dims][2].
 struct PackedSpan {
-  std::vector<uint16_t> kt, vt;
-  int64_t rows = 0;  // multiple of 32, zero rows past the context
+  std::vector<uint16_t> kt, vt;  // rows: r1 - r0 rounded up to 32, zero past the context
 };
 
 // Rows [r0, r1) of the context whose block table is `blocks` -> span (rows r0 .. r0 + 32k).
 void pack_span(const LatentPages& c, const int32_t* blocks, int64_t r0, int64_t r1, int64_t D, int64_t Dp,
                int64_t C, PackedSpan& span) {
   const int64_t rows = (r1 - r0 + 31) / 32 * 32, steps = Dp / kTileCols, dim_tiles = C / kTileRows;
-  span.rows = rows;
   span.kt.resize(static_cast<size_t>(rows * Dp));
   span.vt.resize(static_cast<size_t>(rows * C));
   // vt row p of a tile: dims [16 d, 16 d + 16) of rows 2p and 2p + 1, interleaved
@@ -125,16 +123,8 @@ void pack_span(const LatentPages& c, const int32_t* blocks, int64_t r0, int64_t 
         const int64_t slot = static_cast<int64_t>(blocks[r / c.block_size]) * c.block_size + r % c.block_size;
         latent_row_bf16(c, slot, D, Dp, dst);
       }
-      for (int64_t half = 0; half < 2; ++half)
-        for (int64_t s = 0; s < steps; ++s) {
-          __m512i v[16];
-#pragma GCC unroll 16
-          for (int i = 0; i < 16; ++i) v[i] = _mm512_loadu_si512(buf.data() + (half * 16 + i) * Dp + s * kTileCols);
-          transpose16(v);
-          uint16_t* tile = span.kt.data() + ((ks * 2 + half) * steps + s) * kTileElems;
-#pragma GCC unroll 16
-          for (int i = 0; i < 16; ++i) _mm512_storeu_si512(tile + i * 32, v[i]);
-        }
+      // the step's two K^T row tiles: [2][steps] B tiles, as x's in the AMX matmul
+      pack_x_vnni16(buf.data(), 32, 32, Dp, reinterpret_cast<uint32_t*>(span.kt.data() + ks * 2 * steps * kTileElems));
       for (int64_t dp = 0; dp < C / 32; ++dp)
         for (int64_t p = 0; p < 16; ++p) {
           const __m512i a = _mm512_loadu_si512(buf.data() + (2 * p) * Dp + dp * 32);
@@ -306,6 +296,7 @@ void task_span(const Run& run, int64_t g, int64_t span0, const PackedSpan& span,
     pair_len[i / kPairRows] = std::max(pair_len[i / kPairRows], len[i]);
   }
   const int64_t task_len = *std::max_element(pair_len, pair_len + pairs);
+  if (task_len <= span0) return;  // its contexts all ended in an earlier span: done
   const int64_t end = std::min<int64_t>(span_end, task_len);
   float* m = run.m + r0;
   float* l = run.l + r0;
@@ -399,12 +390,7 @@ void run_amx(const MlaAttentionArgs& a, int64_t t0, int64_t t1) {
       w.qt.resize(static_cast<size_t>(2 * kTaskRows * Dp));
       w.o.resize(static_cast<size_t>(kTaskRows * (C + 16)));
       for (int64_t i = i0; i < i1; ++i)
-        for (int64_t g = i; g < tasks; g += threads) {
-          int64_t task_len = 0;  // a task whose contexts all ended in an earlier span is done
-          for (int64_t r = g * kTaskRows; r < std::min(rows, (g + 1) * kTaskRows); ++r)
-            task_len = std::max<int64_t>(task_len, run.kv_len[r / H]);
-          if (task_len > span0) task_span(run, g, span0, span, span_end, D, Dp, C, a.scale, w);
-        }
+        for (int64_t g = i; g < tasks; g += threads) task_span(run, g, span0, span, span_end, D, Dp, C, a.scale, w);
     });
   }
 }
