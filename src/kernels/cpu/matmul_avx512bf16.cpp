@@ -1037,6 +1037,14 @@ struct AmxPrefetch {
 // against this scheme's 882, and 512- or 1024-column chunks the same as 256: the A tiles, 2 MiB of
 // x re-read for every 64-row panel at T = 512 (twice with 2 x 2), stream from beyond L2, which
 // bounds the tile loop rather than the multiplies (17-23% of the AMX peak probe in the kernel table).
+// Tried on another Xeon VM (old and new code alternating in one process, 1 thread, bitwise equal
+// results): four panels per x chunk (columns outer, panels inner, x's tiles stored chunk by chunk so
+// a chunk is one contiguous run, read from beyond L2 once per four panels) ran 1.20-1.25x where x
+// is larger than L2 (T = 2048 at K = 2048; T = 512 at K = 10944), even at T = 512, K = 2048, but
+// 0.88x at T = 128-256 even with those calls left panel by panel (an A/A run of two copies of this
+// file read 0.95x); not kept until that loss is understood. On that VM the tile loads' rate itself
+// moved 4-5x from minute to minute (an L1-resident 1 A x 4 B loop: 15 or 70 TSC cycles per
+// tdpbf16ps), so only same-process alternation separates such changes.
 // acc[Tp/16][16][64] (+)= x columns [kc, kc + width) . panel^T, for every 16-token block. xt is x
 // as A tiles (pack_x_tiles), at column 0 of block 0; wp holds the panel's columns [kc, kc + width)
 // (width % 32 == 0). The tile intrinsics take only constant tile numbers, hence the spelled-out
