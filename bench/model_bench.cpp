@@ -97,7 +97,8 @@ std::optional<std::vector<int64_t>> parse_counts(const std::string& list) {
 // values, the latent output over kv_lora); KDA's 7 K V per token and head over the KDA layers
 // (decay, S^T k, the rank-1 update, S^T q; kernel_bench's kda rows use the same count).
 // The dot-product peak prefill's matmuls run at: AMX tiles' where the cpu backend resolves
-// bf16 matmuls to cpu.matmul_amx_bf16, else vdpbf16ps'. GFLOPS and what was probed.
+// bf16 matmuls to cpu.matmul_amx_bf16, else vdpbf16ps' (fp32 FMAs' on CPUs without AVX-512 BF16,
+// where cpu.matmul_avx2fma runs). GFLOPS and what was probed.
 struct MatmulPeak {
   double gflops;
   const char* probe;
@@ -106,7 +107,7 @@ MatmulPeak matmul_peak() {
   const ops::Resolution r =
       ops::Registry::global().resolve(ops::OpId::matmul, ops::Backend::cpu, ops::OpShape{.weight_dtype = DType::BF16});
   if (r.usable() && r.kernel->name == "cpu.matmul_amx_bf16") return {bench::amx_bf16_peak_gflops(), "AMX tdpbf16ps"};
-  return {bench::bf16_peak_gflops(), "vdpbf16ps"};
+  return {bench::matmul_peak_gflops(), bench::matmul_peak_probe()};
 }
 
 double prefill_flops(const ModelConfig& c, double active_params, int64_t n, int64_t chunk) {

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "base/thread_pool.h"
@@ -79,7 +80,8 @@ inline double time_per_call(Fn&& fn, double budget = 0.4) {
 // Bandwidth probes. No single access pattern reads at the memory's full speed on every x86-64:
 // some cores need several streams in flight per thread (each stream gets its own hardware
 // prefetcher), some run best on one stream with software prefetch, some without it. Each probe
-// sums one thread's range [p, p + n) (n a multiple of 4096 floats) with 512-bit loads; the
+// sums one thread's range [p, p + n) (n a multiple of 4096 floats) with 512-bit loads (256-bit
+// on CPUs without AVX-512: kReadPatternsAvx2); the
 // bandwidth figure is the best of them. Every loop over streams and accumulators is unrolled
 // explicitly (`#pragma GCC unroll`): at -O2 GCC 12 left such loops rolled, the accumulators in
 // memory, and the probes read 2-3x low (issue 12). tests/ops/no_spill_test.cpp checks them.
@@ -132,6 +134,53 @@ __attribute__((target("avx512f"))) inline float sum_range(const float* p, int64_
   return _mm512_reduce_add_ps(acc[0]);
 }
 
+// The same two probes with 256-bit loads, for CPUs without AVX-512 (Zen 2 / 3, Intel client
+// cores): 16 ymm registers hold S x 2 accumulators up to 8 streams.
+template <int S, bool kPrefetch>
+__attribute__((target("avx2"))) inline float sum_streams_avx2(const float* p, int64_t n) {
+  static_assert(S >= 1 && S <= 8);
+  const int64_t len = n / S / 16 * 16;
+  __m256 acc[S][2];
+#pragma GCC unroll 8
+  for (int s = 0; s < S; ++s) acc[s][0] = acc[s][1] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < len; i += 16) {
+#pragma GCC unroll 8
+    for (int s = 0; s < S; ++s) {
+      const float* q = p + s * len + i;
+      if constexpr (kPrefetch) _mm_prefetch(reinterpret_cast<const char*>(q + 512), _MM_HINT_T0);
+      acc[s][0] = _mm256_add_ps(acc[s][0], _mm256_loadu_ps(q));
+      acc[s][1] = _mm256_add_ps(acc[s][1], _mm256_loadu_ps(q + 8));
+    }
+  }
+  __m256 t = _mm256_setzero_ps();
+#pragma GCC unroll 8
+  for (int s = 0; s < S; ++s) t = _mm256_add_ps(t, _mm256_add_ps(acc[s][0], acc[s][1]));
+  alignas(32) float v[8];
+  _mm256_store_ps(v, t);
+  return v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+}
+
+template <bool kPrefetch>
+__attribute__((target("avx2"))) inline float sum_range_avx2(const float* p, int64_t n) {
+  __m256 acc[8];
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t i = 0; i + 64 <= n; i += 64) {
+    if constexpr (kPrefetch) {
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j)  // each of the 4 lines, 2 KiB ahead like the kernels
+        _mm_prefetch(reinterpret_cast<const char*>(p + i + 512 + 16 * j), _MM_HINT_T0);
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_add_ps(acc[j], _mm256_loadu_ps(p + i + 8 * j));
+  }
+#pragma GCC unroll 8
+  for (int j = 1; j < 8; ++j) acc[0] = _mm256_add_ps(acc[0], acc[j]);
+  alignas(32) float v[8];
+  _mm256_store_ps(v, acc[0]);
+  return v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+}
+
 using SumFn = float (*)(const float*, int64_t);
 struct ReadPattern {
   const char* name;
@@ -144,6 +193,20 @@ inline constexpr ReadPattern kReadPatterns[] = {
     {"4 streams + prefetch", &sum_streams<4, true>},
     {"8 streams", &sum_streams<8, false>},
 };
+inline constexpr ReadPattern kReadPatternsAvx2[] = {
+    {"1 stream (avx2)", &sum_range_avx2<false>},
+    {"1 stream + prefetch (avx2)", &sum_range_avx2<true>},
+    {"4 streams (avx2)", &sum_streams_avx2<4, false>},
+    {"4 streams + prefetch (avx2)", &sum_streams_avx2<4, true>},
+    {"8 streams (avx2)", &sum_streams_avx2<8, false>},
+};
+inline bool has_avx512() { return __builtin_cpu_supports("avx512f"); }
+inline bool has_avx512bf16() { return __builtin_cpu_supports("avx512bf16"); }
+// The patterns this CPU runs (an AVX2-only core faults on the 512-bit ones).
+inline std::span<const ReadPattern> read_patterns() {
+  if (has_avx512()) return kReadPatterns;
+  return kReadPatternsAvx2;
+}
 
 struct Bandwidth {
   double gbs;           // the best pattern's GB/s
@@ -158,7 +221,7 @@ inline Bandwidth read_bandwidth(const std::vector<std::pair<const float*, int64_
   double bytes = 0;
   for (const auto& [p, n] : regions) bytes += static_cast<double>(n / 4096 * 4096) * 4.0;
   Bandwidth best{0, ""};
-  for (const ReadPattern& pat : kReadPatterns) {
+  for (const ReadPattern& pat : read_patterns()) {
     const double s = time_per_call([&] {
       for (const auto& [p, n] : regions)
         thread_pool().parallel_for(
@@ -211,6 +274,25 @@ __attribute__((target("avx512f"))) inline float fma_loop(int64_t iters) {
   return _mm512_reduce_add_ps(acc[0]);
 }
 
+// The fp32 FMA loop in ymm registers for AVX2-only CPUs: 12 chains (16 registers; Zen 3 needs
+// 2 ports x 4 cycles = 8 in flight, Haswell 2 x 5 = 10).
+inline constexpr int kChainsAvx2 = 12;
+__attribute__((target("avx2,fma"))) inline float fma_loop_avx2(int64_t iters) {
+  __m256 acc[kChainsAvx2];
+#pragma GCC unroll 16
+  for (int j = 0; j < kChainsAvx2; ++j) acc[j] = _mm256_set1_ps(static_cast<float>(j));  // equal chains would be merged
+  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(0.001f);
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 16
+    for (int j = 0; j < kChainsAvx2; ++j) acc[j] = _mm256_fmadd_ps(acc[j], a, b);
+  }
+#pragma GCC unroll 16
+  for (int j = 1; j < kChainsAvx2; ++j) acc[0] = _mm256_add_ps(acc[0], acc[j]);
+  alignas(32) float v[8];
+  _mm256_store_ps(v, acc[0]);
+  return v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+}
+
 // One call of loop(iters) per thread of the pool, timed; GFLOPS at flops_per_iter per call.
 template <typename Loop>
 inline double peak_gflops(Loop loop, double flops_per_iter) {
@@ -224,8 +306,15 @@ inline double peak_gflops(Loop loop, double flops_per_iter) {
   }, 0.6);
   return threads * iters * flops_per_iter / s / 1e9;
 }
-inline double fp32_peak_gflops() { return peak_gflops(fma_loop, kChains * 32.0); }
+inline double fp32_peak_gflops() {
+  return has_avx512() ? peak_gflops(fma_loop, kChains * 32.0) : peak_gflops(fma_loop_avx2, kChainsAvx2 * 16.0);
+}
+inline const char* fp32_peak_probe() { return has_avx512() ? "vfmadd231ps zmm x24 chains" : "vfmadd231ps ymm x12 chains"; }
 inline double bf16_peak_gflops() { return peak_gflops(dpbf16_loop, kChains * 64.0); }
+// The dot-product rate the matmul kernels' batched calls run at: vdpbf16ps where the CPU has it,
+// else fp32 FMAs (cpu.matmul_avx2fma decodes bf16 / fp8 weights to fp32).
+inline double matmul_peak_gflops() { return has_avx512bf16() ? bf16_peak_gflops() : fp32_peak_gflops(); }
+inline const char* matmul_peak_probe() { return has_avx512bf16() ? "vdpbf16ps x24 chains" : fp32_peak_probe(); }
 
 // GFLOPS of AMX tdpbf16ps: four independent 16 x 16 accumulators (tiles 0-3) against two A and two
 // B tiles, 16 x 16 x 32 multiply-adds each, so four are in flight where one takes ~16 cycles of

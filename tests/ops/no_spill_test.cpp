@@ -70,10 +70,11 @@ std::vector<Function> disassemble(const std::string& path, std::string& error) {
 // chains that compute the same values into one, which then measures latency, not throughput).
 // prefetch: a loop with accumulating instructions must also issue prefetcht0 (the decode tiles;
 // GCC once deleted their prefetches, taking an out-of-line helper for free of side effects).
-std::vector<std::string> spills(const Function& f, int min_in_loop, bool prefetch) {
+std::vector<std::string> spills(const Function& f, int min_in_loop, bool prefetch, bool ymm) {
   static const std::regex accumulate(R"(^(vdpbf16ps|vfn?m(add|sub)\d*[ps][sd]|vaddps)$)");
   static const std::regex stack_operand(R"(\(%(rsp|rbp)\b)");
   static const std::regex zmm_store(R"(^%zmm\d+,.*\()");  // AT&T: source register first
+  static const std::regex ymm_store(R"(^%[yz]mm\d+,.*\()");
   static const std::regex branch_target(R"(^([0-9a-f]+)\b)");
   std::vector<std::string> found;
   auto show = [](const Insn& i) {
@@ -130,8 +131,8 @@ std::vector<std::string> spills(const Function& f, int min_in_loop, bool prefetc
         prefetch_here |= in.mnemonic == "prefetcht0";
         if (acc && std::regex_search(in.operands, stack_operand))
           here[i] = show(in) + "  (operand on the stack, in the loop closed at " + show(f.insns[b]) + ")";
-        else if (in.mnemonic.rfind("vmov", 0) == 0 && std::regex_search(in.operands, zmm_store))
-          here[i] = show(in) + "  (zmm stored in the loop closed at " + show(f.insns[b]) + ")";
+        else if (in.mnemonic.rfind("vmov", 0) == 0 && std::regex_search(in.operands, ymm ? ymm_store : zmm_store))
+          here[i] = show(in) + "  (vector stored in the loop closed at " + show(f.insns[b]) + ")";
       }
       if (accumulates) bad.insert(here.begin(), here.end());
       prefetches |= accumulates && prefetch_here;
@@ -150,6 +151,7 @@ struct Hot {
   int min_functions;    // how many must be found (a renamed or vanished kernel fails loudly)
   int min_in_loop = 0;     // see spills()
   bool prefetch = false;  // see spills()
+  bool ymm = false;       // AVX2 code: a stored ymm register is a spill too
 };
 
 void check(const std::string& path, const std::vector<Hot>& hot) {
@@ -162,7 +164,7 @@ void check(const std::string& path, const std::vector<Hot>& hot) {
     for (const Hot& h : hot) {
       if (f.name.find(h.pattern) == std::string::npos) continue;
       ++seen[h.pattern];
-      const auto problems = spills(f, h.min_in_loop, h.prefetch);
+      const auto problems = spills(f, h.min_in_loop, h.prefetch, h.ymm);
       for (const auto& p : problems) ADD_FAILURE() << f.name << "\n  " << p;
       bad += !problems.empty();
     }
@@ -182,7 +184,9 @@ TEST(NoSpill, HotKernelsKeepAccumulatorsInRegisters) {
   // here with the same flags as bench/: taking their addresses makes the compiler emit them.
   for (const void* probe : {reinterpret_cast<const void*>(&moat::bench::dpbf16_loop),
                             reinterpret_cast<const void*>(&moat::bench::fma_loop),
-                            static_cast<const void*>(moat::bench::kReadPatterns)})
+                            reinterpret_cast<const void*>(&moat::bench::fma_loop_avx2),
+                            static_cast<const void*>(moat::bench::kReadPatterns),
+                            static_cast<const void*>(moat::bench::kReadPatternsAvx2)})
     asm volatile("" : : "r"(probe));
   // 32 bf16 tiles (4 row counts x 4 token counts x split or not), the 14 fp8 ones, the 24 4-bit ones and the 6 packed
   // outer-product tiles (1..6 tokens x 64 rows: 24 accumulators, the most registers of any).
@@ -196,9 +200,18 @@ TEST(NoSpill, HotKernelsKeepAccumulatorsInRegisters) {
                           // the decode-sized bf16 tiles (1 or 2 tokens) prefetch their rows
                           {"cpu_avx512bf16::(anonymous namespace)::tile_bf16<4, 1, ", 2, 0, true},
                           {"cpu_avx512bf16::(anonymous namespace)::tile_bf16<4, 2, ", 2, 0, true},
+                          // AVX2 (matmul_avx2.cpp): the register-decoding tiles (bf16, f16, f32: 1-4
+                          // rows x 1-2 tokens; fp8: 1-4 rows x 1 token) prefetch their rows; the
+                          // packed 6 x 16 micro-kernels
+                          {"cpu_avx2_fma::(anonymous namespace)::tile_direct<", 28, 0, true, true},
+                          {"cpu_avx2_fma::(anonymous namespace)::micro_kernel<", 6, 0, false, true},
                           {"moat::bench::dpbf16_loop", 1, 16},
-                          {"moat::bench::fma_loop", 1, 16},
-                          {"moat::bench::sum_", static_cast<int>(std::size(moat::bench::kReadPatterns))}};
+                          {"moat::bench::fma_loop(", 1, 16},
+                          {"moat::bench::fma_loop_avx2(", 1, 12, false, true},
+                          {"moat::bench::sum_range<", 2},
+                          {"moat::bench::sum_streams<", 3},
+                          {"moat::bench::sum_range_avx2<", 2, 0, false, true},
+                          {"moat::bench::sum_streams_avx2<", 3, 0, false, true}};
   if (const char* match = std::getenv("MOAT_NO_SPILL_MATCH")) hot = {{match, 1}};
   if (const char* other = std::getenv("MOAT_NO_SPILL_BINARY")) {
     for (Hot& h : hot) h.min_functions = 0;  // a lone object file holds only some of them

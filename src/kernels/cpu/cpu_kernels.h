@@ -27,6 +27,15 @@ void matmul_group_amx(const float* x, int64_t T, const WeightMatrix* const* w, f
 void mla_attention_amx(const MlaAttentionArgs& args);
 }
 
+// fp32-FMA matmul for CPUs with AVX2 + FMA + F16C (matmul_avx2.cpp): bf16 / f16 / f32 / fp8-block
+// weights decoded in registers for decode-sized calls, a packed 6 x 16 GEMM for longer ones;
+// fp32-accurate whatever the precision asks. Other dtypes go to cpu_avx2::matmul.
+namespace cpu_avx2_fma {
+void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision);
+void matmul_group(const float* x, int64_t T, const WeightMatrix* const* w, float* const* y, int64_t count,
+                  const MatmulPrecision& precision);
+}
+
 // The portable-vector kernels (cpu_generic.inc), one copy per ISA.
 #define MOAT_CPU_GENERIC_DECLS                                                          \
   void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision); \

@@ -1,0 +1,525 @@
+// The CPU matmul for x86 machines with AVX2 + FMA but no AVX-512 BF16 (Zen 2 / Zen 3, Haswell to
+// Alder Lake client cores): y[T, N] = x[T, K] . W[N, K]^T for W in bf16, f16, fp8 e4m3 with
+// 128 x 128 block scales, or f32, with fp32 FMAs on fp32 activations (fp32-accurate: without a
+// bf16 dot product rounding x would save nothing, so --exact and the default compute the same).
+//
+// - Decode-sized calls (T <= kDirectMaxTokens) decode the weights in registers and stream each
+//   byte of W from memory once: a task's rows are read in 4 lanes side by side (4 long sequential
+//   streams, each prefetched 2 KiB ahead), 1-2 tokens against each 4-row tile (fp8: 1, its
+//   tiles also hold each row's scaled total). bf16 becomes fp32
+//   with one shift (even elements) and one mask (odd elements), so x is stored evens-then-odds
+//   per 16 columns; fp8 becomes fp16 with a sign-extend, a shift and a mask (e4m3 and fp16 differ
+//   only in the exponent bias, 2^8, which rides on the block scale; subnormals stay exact), then
+//   F16C converts it.
+// - Longer calls (batched decode, verification, prefill) are a packed GEMM: W is decoded to fp32
+//   and transposed 64 columns x 256 k at a time (pack_panel: 16-column panels of 16 KiB, in L1
+//   beside x's 6 KiB), x is packed once per call as [T / 6][K][6], and the micro-kernel keeps a
+//   6-token x 16-column tile in 12 ymm accumulators (6 broadcasts and 2 loads per 12 FMAs: FMA
+//   bound, not load bound, on two FMA pipes).
+// The portable cpu_avx2::matmul (cpu_generic.inc) keeps MXFP4 / INT4 weights, and any fp8 layout
+// whose scale blocks are not multiples of 16.
+// NaN codes of fp8 (0x7f, 0xff) decode to +-480 here (the exponent trick has no NaN); a checkpoint
+// holding NaN weights is broken either way.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <vector>
+
+#include "base/check.h"
+#include "base/thread_pool.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+namespace moat::ops::cpu_avx2_fma {
+namespace {
+
+// Calls of up to this many tokens run on the register-decoding tiles, longer ones packed.
+constexpr int64_t kDirectMaxTokens = 4;
+constexpr int kMR = 6;                  // packed micro-tile: tokens (broadcast from packed x)
+constexpr int kNR = 16;                 // packed micro-tile: columns (two ymm of a packed panel)
+constexpr int64_t kKC = 256;            // k per packed block: one panel is kKC x 16 fp32 = 16 KiB
+constexpr int64_t kPanelsPerChunk = 4;  // a task's packed block: 64 columns x kKC (64 KiB, in any L2)
+constexpr int64_t kPrefetchBytes = 2048;
+
+// ---- weight decode -----------------------------------------------------------------------------
+
+template <DType D>
+constexpr int64_t elem_bytes() {
+  return D == DType::F32 ? 4 : D == DType::F8_E4M3 ? 1 : 2;
+}
+
+// e4m3 codes (16 in a 128-bit vector) -> their fp16 bit patterns, value / 2^8: the sign to bit 15,
+// exponent and mantissa shifted under fp16's (5-bit exponent, bias 15 against e4m3's 7).
+__attribute__((always_inline)) inline __m256i fp8x16_to_f16(__m128i codes) {
+  const __m256i s = _mm256_cvtepi8_epi16(codes);  // bits 7-15: the sign
+  return _mm256_and_si256(_mm256_slli_epi16(s, 7), _mm256_set1_epi16(static_cast<short>(0xBF80)));
+}
+__attribute__((always_inline)) inline __m128i fp8x8_to_f16(__m128i codes) {
+  const __m128i s = _mm_cvtepi8_epi16(codes);
+  return _mm_and_si128(_mm_slli_epi16(s, 7), _mm_set1_epi16(static_cast<short>(0xBF80)));
+}
+// fp16 value of an fp8 code times this is the e4m3 value.
+constexpr float kFp8FromF16 = 256.0f;
+
+// 16 consecutive elements of a row (p: the first) as two fp32 vectors: bf16 as (even, odd)
+// elements, every other dtype in order (lo = elements 0-7, hi = 8-15). fp8 before its scale.
+template <DType D>
+__attribute__((always_inline)) inline void decode16(const uint8_t* p, __m256& lo, __m256& hi) {
+  if constexpr (D == DType::BF16) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    hi = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  } else if constexpr (D == DType::F16) {
+    lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+  } else if constexpr (D == DType::F8_E4M3) {
+    const __m256i h = fp8x16_to_f16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+  } else {
+    lo = _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+    hi = _mm256_loadu_ps(reinterpret_cast<const float*>(p) + 8);
+  }
+}
+
+// 8 consecutive elements in order (the packing path); fp8 before its scale.
+template <DType D>
+__attribute__((always_inline)) inline __m256 decode8(const uint8_t* p) {
+  if constexpr (D == DType::BF16) {
+    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  } else if constexpr (D == DType::F16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  } else if constexpr (D == DType::F8_E4M3) {
+    return _mm256_cvtph_ps(fp8x8_to_f16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  } else {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  }
+}
+
+__attribute__((always_inline)) inline float hsum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 h = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+// ---- decode-sized calls: weights decoded in registers ------------------------------------------
+
+// x as the direct tiles read it: [T][Kp] fp32, Kp = K rounded up to 16, zero padded; for bf16
+// weights each 16 columns hold the 8 even ones, then the 8 odd ones (decode16's order).
+void prepare_x_direct(const float* x, int64_t T, int64_t K, bool even_odd, float* out, int64_t Kp) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* src = x + t * K;
+    float* dst = out + t * Kp;
+    std::fill(dst + (K / 16) * 16, dst + Kp, 0.0f);
+    if (!even_odd) {
+      std::memcpy(dst, src, static_cast<size_t>(K) * sizeof(float));
+      continue;
+    }
+    for (int64_t k0 = 0; k0 < K; k0 += 16)
+      for (int64_t i = 0; i < 16 && k0 + i < K; ++i) dst[k0 + (i & 1) * 8 + i / 2] = src[k0 + i];
+  }
+}
+
+struct DirectArgs {
+  const WeightMatrix* w;
+  const float* x;  // prepare_x_direct's layout
+  int64_t Kp;
+  float* y;  // [T, N]
+};
+
+// y[t][n0 + r rs] for r < NR, t < NT (the tile's first token: x, y already offset). NT == 1 keeps
+// separate accumulators for the two halves of each 16 (each FMA chain one FMA per step: the
+// latency of a 2-FMA chain would bound a 4-row, 1-token tile at half the FMA rate); two tokens
+// have enough chains without. Three would need 12 accumulators beside the decoded halves, the
+// bf16 mask and fp8's constants: more than AVX2's 16 ymm registers.
+template <DType D, int NR, int NT>
+void tile_direct(const DirectArgs& a, int64_t n0, int64_t rs, const float* x, float* y) {
+  constexpr int64_t eb = elem_bytes<D>();
+  constexpr int kHalves = NT == 1 ? 2 : 1;
+  const WeightMatrix& w = *a.w;
+  const int64_t K = w.in_features, N = w.out_features, Kp = a.Kp;
+  const int64_t row_bytes = K * eb;
+  const uint8_t* base = static_cast<const uint8_t*>(w.data) + n0 * row_bytes;
+  const uint8_t* rows[NR];
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) rows[r] = base + r * rs * row_bytes;
+  // fp8: a scale per 128 x 128 block, so the k loop walks scale blocks
+  const int64_t block = D == DType::F8_E4M3 ? w.block_in : K;
+  const float* scale_rows[NR] = {};
+  if constexpr (D == DType::F8_E4M3) {
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) scale_rows[r] = w.scale_inv + ((n0 + r * rs) / w.block_out) * w.scale_cols();
+  }
+  static_assert(D != DType::F8_E4M3 || NT == 1, "fp8 tiles hold scaled totals beside the partial sums");
+  __m256 acc[NR][NT][kHalves];
+  // fp8: the finished blocks' sums times their scales go straight to y, as scalars: 4 more ymm
+  // totals beside 8 accumulators, the decoded halves and the fp8 mask spilled (a horizontal sum
+  // per 128 elements costs less).
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) {
+    if constexpr (D == DType::F8_E4M3) y[r * rs] = 0.0f;
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 2
+      for (int h = 0; h < kHalves; ++h) acc[r][t][h] = _mm256_setzero_ps();
+  }
+
+  // one 16-column step: decode each row's 16 weights, multiply into every token
+  auto step = [&](const uint8_t* const* src, int64_t k) __attribute__((always_inline)) {
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      __m256 lo, hi;
+      decode16<D>(src[r], lo, hi);
+#pragma GCC unroll 4
+      for (int t = 0; t < NT; ++t) {
+        const float* xt = x + t * Kp + k;
+        if constexpr (kHalves == 2) {
+          acc[r][t][0] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xt), acc[r][t][0]);
+          acc[r][t][1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xt + 8), acc[r][t][1]);
+        } else {
+          acc[r][t][0] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xt), acc[r][t][0]);
+          acc[r][t][0] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xt + 8), acc[r][t][0]);
+        }
+      }
+    }
+  };
+
+  // fp8: block kb's partial sums, times its scales, into the totals. A scale per weight vector
+  // instead would keep 4 broadcast scales live across the k loop: more than 16 registers.
+  auto fold = [&](int64_t kb) __attribute__((always_inline)) {
+    if constexpr (D == DType::F8_E4M3) {
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        y[r * rs] += hsum(_mm256_add_ps(acc[r][0][0], acc[r][0][1])) * (scale_rows[r][kb / w.block_in] * kFp8FromF16);
+        acc[r][0][0] = acc[r][0][1] = _mm256_setzero_ps();
+      }
+    }
+  };
+  const int64_t k_whole = K / 16 * 16;  // where the ragged tail, if any, starts
+  for (int64_t kb = 0; kb < K; kb += block) {
+    const int64_t ke = std::min(K, kb + block);
+    int64_t k = kb;
+    // a cache line of every row per iteration, each row prefetched kPrefetchBytes ahead
+    constexpr int64_t kLine = 64 / eb;
+    for (; k + kLine <= ke; k += kLine) {
+      const uint8_t* src[NR];
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        src[r] = rows[r] + k * eb;
+        _mm_prefetch(reinterpret_cast<const char*>(src[r]) + kPrefetchBytes, _MM_HINT_T0);
+      }
+#pragma GCC unroll 4
+      for (int64_t j = 0; j < kLine; j += 16) {
+        const uint8_t* sj[NR];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r) sj[r] = src[r] + j * eb;
+        step(sj, k + j);
+      }
+    }
+    for (; k + 16 <= ke; k += 16) {
+      const uint8_t* src[NR];
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) src[r] = rows[r] + k * eb;
+      step(src, k);
+    }
+    if (ke <= k_whole) fold(kb);  // else after the tail
+  }
+  // The rows' last 1-15 elements (only the last scale block can be ragged: blocks are multiples
+  // of 16), zero padded as x is; outside the k loop, whose body must store no vectors.
+  if (k_whole < K) {
+    alignas(32) uint8_t tail[NR][64] = {};
+    const uint8_t* src[NR];
+    for (int r = 0; r < NR; ++r) {
+      std::memcpy(tail[r], rows[r] + k_whole * eb, static_cast<size_t>((K - k_whole) * eb));
+      src[r] = tail[r];
+    }
+    step(src, k_whole);
+    fold((K - 1) / block * block);
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      if constexpr (D != DType::F8_E4M3) {
+        __m256 v = acc[r][t][0];
+        if constexpr (kHalves == 2) v = _mm256_add_ps(v, acc[r][t][1]);
+        y[t * N + r * rs] = hsum(v);
+      }
+    }
+}
+
+using DirectTile = void (*)(const DirectArgs&, int64_t n0, int64_t rs, const float* x, float* y);
+
+template <DType D, int... R>
+constexpr std::array<std::array<DirectTile, 2>, 4> direct_table(std::integer_sequence<int, R...>) {
+  if constexpr (D == DType::F8_E4M3)
+    return {{{&tile_direct<D, R + 1, 1>, nullptr}...}};
+  else
+    return {{{&tile_direct<D, R + 1, 1>, &tile_direct<D, R + 1, 2>}...}};
+}
+template <DType D>
+constexpr auto kDirect = direct_table<D>(std::make_integer_sequence<int, 4>{});
+
+const std::array<std::array<DirectTile, 2>, 4>& direct_tiles(DType d) {
+  switch (d) {
+    case DType::BF16: return kDirect<DType::BF16>;
+    case DType::F16: return kDirect<DType::F16>;
+    case DType::F8_E4M3: return kDirect<DType::F8_E4M3>;
+    default: return kDirect<DType::F32>;
+  }
+}
+
+// Rows [begin, end) of one task: 4 lanes of L rows read side by side (tile i: rows begin + i +
+// q L), then the 0-3 rows left as one tile of consecutive rows.
+void run_direct(const DirectArgs& a, int64_t T, int64_t begin, int64_t end) {
+  const auto& tiles = direct_tiles(a.w->dtype);
+  const int64_t N = a.w->out_features;
+  const int64_t tokens_per_tile = a.w->dtype == DType::F8_E4M3 ? 1 : 2;
+  auto tile = [&](int64_t n0, int64_t nr, int64_t rs) {
+    for (int64_t t = 0; t < T;) {
+      const int64_t nt = std::min(tokens_per_tile, T - t);
+      tiles[nr - 1][nt - 1](a, n0, rs, a.x + t * a.Kp, a.y + t * N + n0);
+      t += nt;
+    }
+  };
+  const int64_t L = (end - begin) / 4;
+  for (int64_t i = 0; i < L; ++i) tile(begin + i, 4, L);
+  if (begin + 4 * L < end) tile(begin + 4 * L, end - begin - 4 * L, 1);
+}
+
+// ---- longer calls: packed GEMM -----------------------------------------------------------------
+
+// x as the micro-kernel reads it: [ceil(T / 6)][K][6] fp32, the last block's missing tokens zero.
+void pack_x(const float* x, int64_t T, int64_t K, float* out) {
+  for (int64_t tb = 0; tb * kMR < T; ++tb) {
+    float* dst = out + tb * K * kMR;
+    const int64_t t0 = tb * kMR, nt = std::min<int64_t>(kMR, T - t0);
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t i = 0; i < kMR; ++i) dst[k * kMR + i] = i < nt ? x[(t0 + i) * K + k] : 0.0f;
+  }
+}
+
+__attribute__((always_inline)) inline void transpose8(__m256 r[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+// Columns [c0, c0 + cols) (cols <= 16; the rest of the panel zero) x k in [k0, k0 + kc) of W,
+// decoded (fp8: block scale applied) and transposed into dst[kc][16].
+template <DType D>
+void pack_panel(const WeightMatrix& w, int64_t c0, int64_t cols, int64_t k0, int64_t kc, float* dst) {
+  constexpr int64_t eb = elem_bytes<D>();
+  const int64_t K = w.in_features;
+  const uint8_t* base = static_cast<const uint8_t*>(w.data);
+  const float* scale_row = nullptr;
+  if constexpr (D == DType::F8_E4M3) scale_row = w.scale_inv + (c0 / w.block_out) * w.scale_cols();
+  for (int64_t k = 0; k < kc; k += 8) {
+    const int64_t kn = std::min<int64_t>(8, kc - k);
+    __m256 s = _mm256_set1_ps(1.0f);
+    if constexpr (D == DType::F8_E4M3) s = _mm256_set1_ps(scale_row[(k0 + k) / w.block_in] * kFp8FromF16);
+    for (int half = 0; half < 2; ++half) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) {
+        const int64_t c = half * 8 + i;
+        if (c >= cols) {
+          r[i] = _mm256_setzero_ps();
+          continue;
+        }
+        const uint8_t* src = base + ((c0 + c) * K + k0 + k) * eb;
+        if (kn == 8) {
+          r[i] = decode8<D>(src);
+        } else {
+          alignas(32) uint8_t tail[32] = {};
+          std::memcpy(tail, src, static_cast<size_t>(kn * eb));
+          r[i] = decode8<D>(tail);
+        }
+        if constexpr (D == DType::F8_E4M3) r[i] = _mm256_mul_ps(r[i], s);
+      }
+      transpose8(r);
+      for (int64_t j = 0; j < kn; ++j) _mm256_storeu_ps(dst + (k + j) * kNR + half * 8, r[j]);
+    }
+  }
+}
+
+using PackPanel = void (*)(const WeightMatrix&, int64_t, int64_t, int64_t, int64_t, float*);
+PackPanel pack_panel_for(DType d) {
+  switch (d) {
+    case DType::BF16: return &pack_panel<DType::BF16>;
+    case DType::F16: return &pack_panel<DType::F16>;
+    case DType::F8_E4M3: return &pack_panel<DType::F8_E4M3>;
+    default: return &pack_panel<DType::F32>;
+  }
+}
+
+// c[t][0..cols) (+)= a[kc][6] (tokens t < MR) . b[kc][16]; c rows ldc apart.
+template <int MR>
+void micro_kernel(const float* a, const float* b, int64_t kc, float* c, int64_t ldc, bool accumulate, int64_t cols) {
+  __m256 acc[MR][2];
+#pragma GCC unroll 6
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(b + k * kNR), b1 = _mm256_loadu_ps(b + k * kNR + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) {
+      const __m256 ai = _mm256_broadcast_ss(a + k * kMR + i);
+      acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
+    }
+  }
+  if (cols == kNR) {
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) {
+      float* ci = c + i * ldc;
+      if (accumulate) {
+        acc[i][0] = _mm256_add_ps(acc[i][0], _mm256_loadu_ps(ci));
+        acc[i][1] = _mm256_add_ps(acc[i][1], _mm256_loadu_ps(ci + 8));
+      }
+      _mm256_storeu_ps(ci, acc[i][0]);
+      _mm256_storeu_ps(ci + 8, acc[i][1]);
+    }
+    return;
+  }
+#pragma GCC unroll 6  // constant indices into acc: anything else puts the array on the stack
+  for (int i = 0; i < MR; ++i) {
+    alignas(32) float v[kNR];
+    _mm256_store_ps(v, acc[i][0]);
+    _mm256_store_ps(v + 8, acc[i][1]);
+    float* ci = c + i * ldc;
+    for (int64_t j = 0; j < cols; ++j) ci[j] = accumulate ? ci[j] + v[j] : v[j];
+  }
+}
+
+using MicroKernel = void (*)(const float*, const float*, int64_t, float*, int64_t, bool, int64_t);
+constexpr MicroKernel kMicro[kMR] = {&micro_kernel<1>, &micro_kernel<2>, &micro_kernel<3>,
+                                     &micro_kernel<4>, &micro_kernel<5>, &micro_kernel<6>};
+
+struct PackedArgs {
+  const WeightMatrix* w;
+  const float* xp;  // pack_x's layout
+  int64_t T;
+  float* y;
+};
+
+// Columns [c_begin, c_end) of one task (a chunk of 16-column panels): per kKC block of k, the
+// chunk's panels are packed once, then every 6-token block of x sweeps them.
+void run_packed(const PackedArgs& a, int64_t c_begin, int64_t c_end) {
+  const WeightMatrix& w = *a.w;
+  const int64_t K = w.in_features, N = w.out_features;
+  const PackPanel pack = pack_panel_for(w.dtype);
+  thread_local std::vector<float> panels;
+  panels.resize(static_cast<size_t>(kPanelsPerChunk * kKC * kNR));
+  for (int64_t cb = c_begin; cb < c_end; cb += kPanelsPerChunk * kNR) {
+    const int64_t ce = std::min(c_end, cb + kPanelsPerChunk * kNR);
+    const int64_t np = (ce - cb + kNR - 1) / kNR;
+    for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+      const int64_t kc = std::min(kKC, K - k0);
+      for (int64_t p = 0; p < np; ++p)
+        pack(w, cb + p * kNR, std::min<int64_t>(kNR, ce - cb - p * kNR), k0, kc, panels.data() + p * kKC * kNR);
+      for (int64_t t0 = 0; t0 < a.T; t0 += kMR) {
+        const int64_t mr = std::min<int64_t>(kMR, a.T - t0);
+        const float* xa = a.xp + (t0 / kMR) * K * kMR + k0 * kMR;
+        for (int64_t p = 0; p < np; ++p)
+          kMicro[mr - 1](xa, panels.data() + p * kKC * kNR, kc, a.y + t0 * N + cb + p * kNR, N, k0 > 0,
+                         std::min<int64_t>(kNR, ce - cb - p * kNR));
+      }
+    }
+  }
+}
+
+// ---- entry -------------------------------------------------------------------------------------
+
+bool handled(const WeightMatrix& w) {
+  switch (w.dtype) {
+    case DType::BF16:
+    case DType::F16:
+    case DType::F32: return true;
+    // the packed panels take 16 rows and 8 columns under one scale, the tiles 16 columns
+    case DType::F8_E4M3:
+      return w.scale_inv != nullptr && w.block_out % kNR == 0 && w.block_in % 16 == 0;
+    default: return false;
+  }
+}
+
+void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float* const* ys, int64_t count,
+                 const MatmulPrecision& precision) {
+  if (T <= 0 || count == 0) return;
+  const WeightMatrix& w0 = *ws[0];
+  const int64_t K = w0.in_features;
+  for (int64_t i = 0; i < count; ++i) {
+    MOAT_CHECK(ws[i]->in_features == K && ws[i]->dtype == w0.dtype, "matmul group: weights must share K and dtype");
+    if (!handled(*ws[i])) {
+      for (int64_t j = 0; j < count; ++j) cpu_avx2::matmul(x, T, *ws[j], ys[j], precision);
+      return;
+    }
+  }
+  if (T <= kDirectMaxTokens) {
+    const int64_t Kp = (K + 15) / 16 * 16;
+    thread_local std::vector<float> xd;
+    xd.resize(static_cast<size_t>(T * Kp));
+    prepare_x_direct(x, T, K, w0.dtype == DType::BF16, xd.data(), Kp);
+    std::array<int64_t, kMaxMatmulGroup + 1> first{};  // first[i]: matrix i's first 4-row group
+    for (int64_t i = 0; i < count; ++i) first[i + 1] = first[i] + (ws[i]->out_features + 3) / 4;
+    const float* xdp = xd.data();
+    thread_pool().parallel_for(first[count], [&](int64_t g0, int64_t g1) {
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t lo = std::max(g0, first[i]), hi = std::min(g1, first[i + 1]);
+        if (lo >= hi) continue;
+        const DirectArgs a{ws[i], xdp, Kp, ys[i]};
+        run_direct(a, T, (lo - first[i]) * 4, std::min(ws[i]->out_features, (hi - first[i]) * 4));
+      }
+    }, std::max<int64_t>(1, 2048 / Kp));
+    return;
+  }
+  thread_local std::vector<float> xp;
+  xp.resize(static_cast<size_t>((T + kMR - 1) / kMR * kMR * K));
+  pack_x(x, T, K, xp.data());
+  constexpr int64_t chunk_cols = kPanelsPerChunk * kNR;
+  std::array<int64_t, kMaxMatmulGroup + 1> first{};  // first[i]: matrix i's first column chunk
+  for (int64_t i = 0; i < count; ++i) first[i + 1] = first[i] + (ws[i]->out_features + chunk_cols - 1) / chunk_cols;
+  const float* xpp = xp.data();
+  thread_pool().parallel_for(first[count], [&](int64_t c0, int64_t c1) {
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t lo = std::max(c0, first[i]), hi = std::min(c1, first[i + 1]);
+      if (lo >= hi) continue;
+      const PackedArgs a{ws[i], xpp, T, ys[i]};
+      run_packed(a, (lo - first[i]) * chunk_cols, std::min(ws[i]->out_features, (hi - first[i]) * chunk_cols));
+    }
+  });
+}
+
+}  // namespace
+
+void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision) {
+  const WeightMatrix* ws[] = {&w};
+  float* ys[] = {y};
+  matmul_impl(x, T, ws, ys, 1, precision);
+}
+
+void matmul_group(const float* x, int64_t T, const WeightMatrix* const* w, float* const* y, int64_t count,
+                  const MatmulPrecision& precision) {
+  matmul_impl(x, T, w, y, count, precision);
+}
+
+}  // namespace moat::ops::cpu_avx2_fma
+
+#pragma GCC pop_options
