@@ -103,7 +103,9 @@ void register_cpu_kernels(Registry& r) {
   // registers for decode, a packed register-blocked GEMM for prefill. Below the generic avx512
   // copy (unmeasured on AVX-512F-only cores, Skylake-SP / Ice Lake), above the generic avx2 one.
   add(OpId::matmul, "cpu.matmul_avx2fma", reinterpret_cast<void*>(&cpu_avx2_fma::matmul),
-      Constraints{.weight_dtypes = {DType::F32, DType::BF16, DType::F16, DType::F8_E4M3}, .cpu_isa = "avx2"}, 15,
+      Constraints{.weight_dtypes = {DType::F32, DType::BF16, DType::F16, DType::F8_E4M3, DType::MXFP4, DType::INT4_G32},
+                  .cpu_isa = "avx2"},
+      15,
       reinterpret_cast<void*>(&cpu_avx2_fma::matmul_group));
   // bf16 dot products: twice the fp32 FMA rate, and activations rounded to bf16 once per call.
   add(OpId::matmul, "cpu.matmul_avx512bf16", reinterpret_cast<void*>(&cpu_avx512bf16::matmul),

@@ -27,9 +27,9 @@ void matmul_group_amx(const float* x, int64_t T, const WeightMatrix* const* w, f
 void mla_attention_amx(const MlaAttentionArgs& args);
 }
 
-// fp32-FMA matmul for CPUs with AVX2 + FMA + F16C (matmul_avx2.cpp): bf16 / f16 / f32 / fp8-block
-// weights decoded in registers for decode-sized calls, a packed 6 x 16 GEMM for longer ones;
-// fp32-accurate whatever the precision asks. Other dtypes go to cpu_avx2::matmul.
+// fp32-FMA matmul for CPUs with AVX2 + FMA + F16C (matmul_avx2.cpp): bf16 / f16 / f32 / fp8-block /
+// MXFP4 / INT4_G32 weights decoded in registers for decode-sized calls, a packed 6 x 16 GEMM for
+// longer ones; fp32-accurate whatever the precision asks.
 namespace cpu_avx2_fma {
 void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision);
 void matmul_group(const float* x, int64_t T, const WeightMatrix* const* w, float* const* y, int64_t count,

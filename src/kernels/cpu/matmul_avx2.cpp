@@ -16,8 +16,10 @@
 //   beside x's 6 KiB), x is packed once per call as [T / 6][K][6], and the micro-kernel keeps a
 //   6-token x 16-column tile in 12 ymm accumulators (6 broadcasts and 2 loads per 12 FMAs: FMA
 //   bound, not load bound, on two FMA pipes).
-// The portable cpu_avx2::matmul (cpu_generic.inc) keeps MXFP4 / INT4 weights, and any fp8 layout
-// whose scale blocks are not multiples of 16.
+// - MXFP4 / INT4_G32: the decode tiles turn each group's 16 bytes into 32 int8 values with two
+//   byte shuffles, then fp32 (exact), one token at a time; the packed path dequantizes the same way.
+// The portable cpu_avx2::matmul (cpu_generic.inc) keeps any fp8 layout whose scale blocks are not
+// multiples of 16.
 // NaN codes of fp8 (0x7f, 0xff) decode to +-480 here (the exponent trick has no NaN); a checkpoint
 // holding NaN weights is broken either way.
 #include <immintrin.h>
@@ -50,6 +52,33 @@ constexpr int64_t kPrefetchBytes = 2048;
 template <DType D>
 constexpr int64_t elem_bytes() {
   return D == DType::F32 ? 4 : D == DType::F8_E4M3 ? 1 : 2;
+}
+template <DType D>
+constexpr bool is_q4() {
+  return D == DType::MXFP4 || D == DType::INT4_G32;
+}
+
+// 4-bit codes -> int8, one byte shuffle per 16 codes: MXFP4 as 2 x e2m1 (the halving rides on the
+// group scale), INT4_G32 as nibble - 8.
+template <DType D>
+__attribute__((always_inline)) inline __m128i q4_table() {
+  if constexpr (D == DType::MXFP4) return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  return _mm_setr_epi8(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+}
+// The scale of group g of row n, times MXFP4's 1/2 (inline: WeightMatrix::group_scale is a call).
+template <DType D>
+__attribute__((always_inline)) inline float q4_scale(const WeightMatrix& w, int64_t n, int64_t g) {
+  const int64_t i = n * w.groups_per_row() + g;
+  uint32_t bits;
+  if constexpr (D == DType::MXFP4) {
+    const uint32_t e = static_cast<const uint8_t*>(w.group_scales)[i];
+    bits = e == 0 ? 0x00400000u : e == 255 ? 0x7FC00000u : e << 23;  // 2^-127 (subnormal), NaN, 2^(e-127)
+  } else {
+    bits = static_cast<uint32_t>(static_cast<const uint16_t*>(w.group_scales)[i]) << 16;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return D == DType::MXFP4 ? 0.5f * f : f;
 }
 
 // e4m3 codes (16 in a 128-bit vector) -> their fp16 bit patterns, value / 2^8: the sign to bit 15,
@@ -101,6 +130,18 @@ __attribute__((always_inline)) inline __m256 decode8(const uint8_t* p) {
   }
 }
 
+// 8 consecutive 4-bit elements (4 bytes at p: element 2j in byte j's low nibble) times scale.
+template <DType D>
+__attribute__((always_inline)) inline __m256 decode8_q4(const uint8_t* p, float scale) {
+  int32_t word;
+  std::memcpy(&word, p, 4);
+  const __m128i b = _mm_cvtsi32_si128(word), m = _mm_set1_epi8(0x0F);
+  const __m128i lo = _mm_shuffle_epi8(q4_table<D>(), _mm_and_si128(b, m));
+  const __m128i hi = _mm_shuffle_epi8(q4_table<D>(), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+  const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpacklo_epi8(lo, hi)));
+  return _mm256_mul_ps(v, _mm256_set1_ps(scale));
+}
+
 __attribute__((always_inline)) inline float hsum(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 h = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -109,19 +150,23 @@ __attribute__((always_inline)) inline float hsum(__m256 v) {
 
 // ---- decode-sized calls: weights decoded in registers ------------------------------------------
 
-// x as the direct tiles read it: [T][Kp] fp32, Kp = K rounded up to 16, zero padded; for bf16
-// weights each 16 columns hold the 8 even ones, then the 8 odd ones (decode16's order).
-void prepare_x_direct(const float* x, int64_t T, int64_t K, bool even_odd, float* out, int64_t Kp) {
+// x as the direct tiles read it: [T][Kp] fp32, Kp = K rounded up to 16, zero padded, in the order
+// the weights decode: bf16 puts each 16 columns' 8 even ones, then the 8 odd ones (decode16's
+// order); 4-bit each 32 columns' even ones, then the odd ones (low nibbles, then high); the rest
+// keep x's order.
+enum class XOrder { plain, even_odd16, even_odd32 };
+void prepare_x_direct(const float* x, int64_t T, int64_t K, XOrder order, float* out, int64_t Kp) {
+  const int64_t span = order == XOrder::even_odd32 ? 32 : 16, half = span / 2;
   for (int64_t t = 0; t < T; ++t) {
     const float* src = x + t * K;
     float* dst = out + t * Kp;
     std::fill(dst + (K / 16) * 16, dst + Kp, 0.0f);
-    if (!even_odd) {
+    if (order == XOrder::plain) {
       std::memcpy(dst, src, static_cast<size_t>(K) * sizeof(float));
       continue;
     }
-    for (int64_t k0 = 0; k0 < K; k0 += 16)
-      for (int64_t i = 0; i < 16 && k0 + i < K; ++i) dst[k0 + (i & 1) * 8 + i / 2] = src[k0 + i];
+    for (int64_t k0 = 0; k0 < K; k0 += span)
+      for (int64_t i = 0; i < span && k0 + i < K; ++i) dst[k0 + (i & 1) * half + i / 2] = src[k0 + i];
   }
 }
 
@@ -253,6 +298,44 @@ void tile_direct(const DirectArgs& a, int64_t n0, int64_t rs, const float* x, fl
     }
 }
 
+// 4-bit weights, one token: per 32-column group each row's 16 bytes become 32 int8 values (two
+// byte shuffles), then fp32; the group's two partial sums take the group scale in one FMA into
+// the row's accumulator (a scale per weight vector would be 4 multiplies a group).
+template <DType D, int NR>
+void tile_q4(const DirectArgs& a, int64_t n0, int64_t rs, const float* x, float* y) {
+  const WeightMatrix& w = *a.w;
+  const int64_t K = w.in_features, row_bytes = K / 2, groups = K / 32;
+  const uint8_t* rows[NR];
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) rows[r] = static_cast<const uint8_t*>(w.data) + (n0 + r * rs) * row_bytes;
+  __m256 acc[NR];
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) acc[r] = _mm256_setzero_ps();
+  const __m128i table = q4_table<D>(), low = _mm_set1_epi8(0x0F);
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* xg = x + g * 32;
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const uint8_t* p = rows[r] + g * 16;
+      if ((g & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+      const __m128i even = _mm_shuffle_epi8(table, _mm_and_si128(b, low));
+      const __m128i odd = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(b, 4), low));
+      const __m256 e0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(even));
+      const __m256 e1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(even, even)));
+      const __m256 o0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(odd));
+      const __m256 o1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(odd, odd)));
+      __m256 p0 = _mm256_mul_ps(e0, _mm256_loadu_ps(xg));
+      __m256 p1 = _mm256_mul_ps(e1, _mm256_loadu_ps(xg + 8));
+      p0 = _mm256_fmadd_ps(o0, _mm256_loadu_ps(xg + 16), p0);
+      p1 = _mm256_fmadd_ps(o1, _mm256_loadu_ps(xg + 24), p1);
+      acc[r] = _mm256_fmadd_ps(_mm256_add_ps(p0, p1), _mm256_set1_ps(q4_scale<D>(w, n0 + r * rs, g)), acc[r]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) y[r * rs] = hsum(acc[r]);
+}
+
 using DirectTile = void (*)(const DirectArgs&, int64_t n0, int64_t rs, const float* x, float* y);
 
 template <DType D, int... R>
@@ -265,8 +348,17 @@ constexpr std::array<std::array<DirectTile, 2>, 4> direct_table(std::integer_seq
 template <DType D>
 constexpr auto kDirect = direct_table<D>(std::make_integer_sequence<int, 4>{});
 
+template <DType D, int... R>
+constexpr std::array<std::array<DirectTile, 2>, 4> q4_table_of_tiles(std::integer_sequence<int, R...>) {
+  return {{{&tile_q4<D, R + 1>, nullptr}...}};
+}
+template <DType D>
+constexpr auto kDirectQ4 = q4_table_of_tiles<D>(std::make_integer_sequence<int, 4>{});
+
 const std::array<std::array<DirectTile, 2>, 4>& direct_tiles(DType d) {
   switch (d) {
+    case DType::MXFP4: return kDirectQ4<DType::MXFP4>;
+    case DType::INT4_G32: return kDirectQ4<DType::INT4_G32>;
     case DType::BF16: return kDirect<DType::BF16>;
     case DType::F16: return kDirect<DType::F16>;
     case DType::F8_E4M3: return kDirect<DType::F8_E4M3>;
@@ -279,7 +371,7 @@ const std::array<std::array<DirectTile, 2>, 4>& direct_tiles(DType d) {
 void run_direct(const DirectArgs& a, int64_t T, int64_t begin, int64_t end) {
   const auto& tiles = direct_tiles(a.w->dtype);
   const int64_t N = a.w->out_features;
-  const int64_t tokens_per_tile = a.w->dtype == DType::F8_E4M3 ? 1 : 2;
+  const int64_t tokens_per_tile = a.w->dtype == DType::BF16 || a.w->dtype == DType::F16 || a.w->dtype == DType::F32 ? 2 : 1;
   auto tile = [&](int64_t n0, int64_t nr, int64_t rs) {
     for (int64_t t = 0; t < T;) {
       const int64_t nt = std::min(tokens_per_tile, T - t);
@@ -326,7 +418,29 @@ __attribute__((always_inline)) inline void transpose8(__m256 r[8]) {
 // Columns [c0, c0 + cols) (cols <= 16; the rest of the panel zero) x k in [k0, k0 + kc) of W,
 // decoded (fp8: block scale applied) and transposed into dst[kc][16].
 template <DType D>
+void pack_panel_q4(const WeightMatrix& w, int64_t c0, int64_t cols, int64_t k0, int64_t kc, float* dst) {
+  const uint8_t* base = static_cast<const uint8_t*>(w.data);
+  const int64_t row_bytes = w.in_features / 2;
+  for (int64_t k = 0; k < kc; k += 8) {  // kc is a multiple of 32: so is K
+    for (int half = 0; half < 2; ++half) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) {
+        const int64_t c = half * 8 + i;
+        r[i] = c < cols ? decode8_q4<D>(base + (c0 + c) * row_bytes + (k0 + k) / 2, q4_scale<D>(w, c0 + c, (k0 + k) / 32))
+                        : _mm256_setzero_ps();
+      }
+      transpose8(r);
+      for (int j = 0; j < 8; ++j) _mm256_storeu_ps(dst + (k + j) * kNR + half * 8, r[j]);
+    }
+  }
+}
+
+template <DType D>
 void pack_panel(const WeightMatrix& w, int64_t c0, int64_t cols, int64_t k0, int64_t kc, float* dst) {
+  if constexpr (is_q4<D>()) {
+    pack_panel_q4<D>(w, c0, cols, k0, kc, dst);
+    return;
+  }
   constexpr int64_t eb = elem_bytes<D>();
   const int64_t K = w.in_features;
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
@@ -363,6 +477,8 @@ void pack_panel(const WeightMatrix& w, int64_t c0, int64_t cols, int64_t k0, int
 using PackPanel = void (*)(const WeightMatrix&, int64_t, int64_t, int64_t, int64_t, float*);
 PackPanel pack_panel_for(DType d) {
   switch (d) {
+    case DType::MXFP4: return &pack_panel<DType::MXFP4>;
+    case DType::INT4_G32: return &pack_panel<DType::INT4_G32>;
     case DType::BF16: return &pack_panel<DType::BF16>;
     case DType::F16: return &pack_panel<DType::F16>;
     case DType::F8_E4M3: return &pack_panel<DType::F8_E4M3>;
@@ -456,6 +572,8 @@ bool handled(const WeightMatrix& w) {
     // the packed panels take 16 rows and 8 columns under one scale, the tiles 16 columns
     case DType::F8_E4M3:
       return w.scale_inv != nullptr && w.block_out % kNR == 0 && w.block_in % 16 == 0;
+    case DType::MXFP4:
+    case DType::INT4_G32: return w.group_scales != nullptr && w.in_features % 32 == 0;
     default: return false;
   }
 }
@@ -476,7 +594,10 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
     const int64_t Kp = (K + 15) / 16 * 16;
     thread_local std::vector<float> xd;
     xd.resize(static_cast<size_t>(T * Kp));
-    prepare_x_direct(x, T, K, w0.dtype == DType::BF16, xd.data(), Kp);
+    const XOrder order = w0.dtype == DType::BF16 ? XOrder::even_odd16
+                         : w0.is_4bit()          ? XOrder::even_odd32
+                                                 : XOrder::plain;
+    prepare_x_direct(x, T, K, order, xd.data(), Kp);
     std::array<int64_t, kMaxMatmulGroup + 1> first{};  // first[i]: matrix i's first 4-row group
     for (int64_t i = 0; i < count; ++i) first[i + 1] = first[i] + (ws[i]->out_features + 3) / 4;
     const float* xdp = xd.data();
