@@ -763,6 +763,11 @@ TEST(OpsRegistry, CpuPicksTheFastestKernelThisCpuRuns) {
     if (r.op == OpId::matmul && r.shape.weight_dtype == DType::BF16 && cpu_has_isa("avx512bf16")) {
       EXPECT_EQ(r.resolution.kernel->name, cpu_has_isa("amx-bf16") ? "cpu.matmul_amx_bf16" : "cpu.matmul_avx512bf16");
     }
+    // AVX2-only CPUs (or MOAT_DISABLE_ISA=amx-bf16,avx512bf16,avx512): the register-decoding
+    // kernel, not the portable one that decodes rows to memory
+    if (r.op == OpId::matmul && !cpu_has_isa("avx512") && !cpu_has_isa("avx512bf16") && cpu_has_isa("avx2")) {
+      EXPECT_EQ(r.resolution.kernel->name, "cpu.matmul_avx2fma") << r.use;
+    }
     // every op has a cpu kernel now (sampling_kernels.cpp took the last fallbacks, paged-cache
     // ops included); the reference stays only as a declared fallback
     EXPECT_EQ(r.resolution.kind, Resolution::Kind::kernel) << r.use;

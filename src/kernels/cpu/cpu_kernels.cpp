@@ -15,7 +15,7 @@
 #include "base/thread_pool.h"
 #include "ops/registry.h"
 
-// The avx2 copy passes 64-byte vectors between inlined helpers; no ABI boundary is crossed.
+// The vector helpers pass 32- and 64-byte vectors between inlined functions; no ABI boundary is crossed.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 // Two copies of cpu_generic.inc: one per ISA, each compiled under its own target pragma.
@@ -24,9 +24,11 @@
 #pragma GCC optimize("fp-contract=fast")
 namespace moat::ops {
 #define MOAT_CPU_NS cpu_avx512
+#define MOAT_CPU_LANES 16
 #include "kernels/cpu/cpu_generic.inc"
 #include "kernels/cpu/k3_generic.inc"  // Kimi K3 ops: use cpu_generic.inc's vector helpers
 #undef MOAT_CPU_NS
+#undef MOAT_CPU_LANES
 }  // namespace moat::ops
 #pragma GCC pop_options
 
@@ -35,9 +37,11 @@ namespace moat::ops {
 #pragma GCC optimize("fp-contract=fast")
 namespace moat::ops {
 #define MOAT_CPU_NS cpu_avx2
+#define MOAT_CPU_LANES 8
 #include "kernels/cpu/cpu_generic.inc"
 #include "kernels/cpu/k3_generic.inc"  // Kimi K3 ops: use cpu_generic.inc's vector helpers
 #undef MOAT_CPU_NS
+#undef MOAT_CPU_LANES
 }  // namespace moat::ops
 #pragma GCC pop_options
 
