@@ -387,8 +387,9 @@ void run_direct(const DirectArgs& a, int64_t T, int64_t begin, int64_t end) {
 // ---- longer calls: packed GEMM -----------------------------------------------------------------
 
 // x as the micro-kernel reads it: [ceil(T / 6)][K][6] fp32, the last block's missing tokens zero.
-void pack_x(const float* x, int64_t T, int64_t K, float* out) {
-  for (int64_t tb = 0; tb * kMR < T; ++tb) {
+// Token blocks [tb0, tb1) of it.
+void pack_x(const float* x, int64_t T, int64_t K, float* out, int64_t tb0, int64_t tb1) {
+  for (int64_t tb = tb0; tb < tb1; ++tb) {
     float* dst = out + tb * K * kMR;
     const int64_t t0 = tb * kMR, nt = std::min<int64_t>(kMR, T - t0);
     for (int64_t k = 0; k < K; ++k)
@@ -613,11 +614,16 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
   }
   thread_local std::vector<float> xp;
   xp.resize(static_cast<size_t>((T + kMR - 1) / kMR * kMR * K));
-  pack_x(x, T, K, xp.data());
+  // split over the pool where it is worth a dispatch (a 512-token call packs 4 MiB: ~1 ms alone)
+  const int64_t token_blocks = (T + kMR - 1) / kMR;
+  float* const xpp = xp.data();  // the caller's buffer (the workers' own thread_local xp is another)
+  if (T * K >= (int64_t{1} << 16))
+    thread_pool().parallel_for(token_blocks, [&](int64_t b0, int64_t b1) { pack_x(x, T, K, xpp, b0, b1); });
+  else
+    pack_x(x, T, K, xpp, 0, token_blocks);
   constexpr int64_t chunk_cols = kPanelsPerChunk * kNR;
   std::array<int64_t, kMaxMatmulGroup + 1> first{};  // first[i]: matrix i's first column chunk
   for (int64_t i = 0; i < count; ++i) first[i + 1] = first[i] + (ws[i]->out_features + chunk_cols - 1) / chunk_cols;
-  const float* xpp = xp.data();
   thread_pool().parallel_for(first[count], [&](int64_t c0, int64_t c1) {
     for (int64_t i = 0; i < count; ++i) {
       const int64_t lo = std::max(c0, first[i]), hi = std::min(c1, first[i + 1]);
