@@ -123,6 +123,16 @@ struct Row {
 bool kda_rows(std::vector<Row>& rows, const std::string& tt, double bw, double fp32_peak, bool check,
               int64_t llc_span) {
   const int64_t K = 128, V = 128, head_state = K * V;
+  // The KDA kernels need AVX-512: elsewhere the ops fall back to the reference, which is not worth
+  // timing (its 32k-token prefill alone runs for many minutes) and is no roofline comparison.
+  for (OpId op : {OpId::kda_recurrent, OpId::kda_chunked}) {
+    const KernelEntry* k = best_kernel(op, OpShape{.heads_per_rank = 12, .head_dim = K});
+    if (k == nullptr || k->backend != Backend::cpu) {
+      std::fprintf(stderr, "kernel_bench: no cpu kernel for the KDA ops on this CPU (reference fallback): KDA rows skipped\n");
+      rows.push_back({"kda rows (" + tt + ")", "none on this CPU: the reference fallback, not timed", 0, 0, 0, "-"});
+      return true;
+    }
+  }
   std::mt19937 rng(11);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::uniform_real_distribution<float> decay(-0.5f, -0.01f);
