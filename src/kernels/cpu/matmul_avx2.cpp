@@ -5,8 +5,8 @@
 //
 // - Decode-sized calls (T <= kDirectMaxTokens) decode the weights in registers and stream each
 //   byte of W from memory once: a task's rows are read in 4 lanes side by side (4 long sequential
-//   streams, each prefetched 2 KiB ahead), 1-2 tokens against each 4-row tile (fp8: 1, its
-//   tiles also hold each row's scaled total). bf16 becomes fp32
+//   streams, each prefetched 2 KiB ahead), 1-2 tokens against each 4-row tile (fp8 and 4-bit:
+//   1; fp8 adds each 128-column partial sum times its block scale into y). bf16 becomes fp32
 //   with one shift (even elements) and one mask (odd elements), so x is stored evens-then-odds
 //   per 16 columns; fp8 becomes fp16 with a sign-extend, a shift and a mask (e4m3 and fp16 differ
 //   only in the exponent bias, 2^8, which rides on the block scale; subnormals stay exact), then
@@ -39,7 +39,9 @@
 namespace moat::ops::cpu_avx2_fma {
 namespace {
 
-// Calls of up to this many tokens run on the register-decoding tiles, longer ones packed.
+// Calls of up to this many tokens run on the register-decoding tiles, longer ones packed. Set
+// without a sweep (session 16, Zen 3): the tiles decode every weight once per token pair (fp8 and
+// 4-bit: per token) and the panels once per call; where they cross is still to be measured.
 constexpr int64_t kDirectMaxTokens = 4;
 constexpr int kMR = 6;                  // packed micro-tile: tokens (broadcast from packed x)
 constexpr int kNR = 16;                 // packed micro-tile: columns (two ymm of a packed panel)
