@@ -67,6 +67,14 @@ __attribute__((always_inline)) inline __m128i q4_table() {
   if constexpr (D == DType::MXFP4) return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
   return _mm_setr_epi8(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
 }
+// The 16 bytes (32 codes) b as int8 values: even = elements 0, 2, .., 30 (low nibbles), odd =
+// elements 1, 3, .., 31 (high nibbles).
+template <DType D>
+__attribute__((always_inline)) inline void q4_values(__m128i b, __m128i& even, __m128i& odd) {
+  const __m128i low = _mm_set1_epi8(0x0F);
+  even = _mm_shuffle_epi8(q4_table<D>(), _mm_and_si128(b, low));
+  odd = _mm_shuffle_epi8(q4_table<D>(), _mm_and_si128(_mm_srli_epi16(b, 4), low));
+}
 // The scale of group g of row n, times MXFP4's 1/2 (inline: WeightMatrix::group_scale is a call).
 template <DType D>
 __attribute__((always_inline)) inline float q4_scale(const WeightMatrix& w, int64_t n, int64_t g) {
@@ -137,9 +145,8 @@ template <DType D>
 __attribute__((always_inline)) inline __m256 decode8_q4(const uint8_t* p, float scale) {
   int32_t word;
   std::memcpy(&word, p, 4);
-  const __m128i b = _mm_cvtsi32_si128(word), m = _mm_set1_epi8(0x0F);
-  const __m128i lo = _mm_shuffle_epi8(q4_table<D>(), _mm_and_si128(b, m));
-  const __m128i hi = _mm_shuffle_epi8(q4_table<D>(), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+  __m128i lo, hi;
+  q4_values<D>(_mm_cvtsi32_si128(word), lo, hi);
   const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpacklo_epi8(lo, hi)));
   return _mm256_mul_ps(v, _mm256_set1_ps(scale));
 }
@@ -202,7 +209,7 @@ void tile_direct(const DirectArgs& a, int64_t n0, int64_t rs, const float* x, fl
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) scale_rows[r] = w.scale_inv + ((n0 + r * rs) / w.block_out) * w.scale_cols();
   }
-  static_assert(D != DType::F8_E4M3 || NT == 1, "fp8 tiles hold scaled totals beside the partial sums");
+  static_assert(D != DType::F8_E4M3 || NT == 1, "fp8 tiles fold one token's block sums into y");
   __m256 acc[NR][NT][kHalves];
   // fp8: the finished blocks' sums times their scales go straight to y, as scalars: 4 more ymm
   // totals beside 8 accumulators, the decoded halves and the fp8 mask spilled (a horizontal sum
@@ -313,16 +320,14 @@ void tile_q4(const DirectArgs& a, int64_t n0, int64_t rs, const float* x, float*
   __m256 acc[NR];
 #pragma GCC unroll 4
   for (int r = 0; r < NR; ++r) acc[r] = _mm256_setzero_ps();
-  const __m128i table = q4_table<D>(), low = _mm_set1_epi8(0x0F);
   for (int64_t g = 0; g < groups; ++g) {
     const float* xg = x + g * 32;
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
       const uint8_t* p = rows[r] + g * 16;
       if ((g & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-      const __m128i even = _mm_shuffle_epi8(table, _mm_and_si128(b, low));
-      const __m128i odd = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(b, 4), low));
+      __m128i even, odd;
+      q4_values<D>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), even, odd);
       const __m256 e0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(even));
       const __m256 e1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(even, even)));
       const __m256 o0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(odd));
@@ -373,7 +378,7 @@ const std::array<std::array<DirectTile, 2>, 4>& direct_tiles(DType d) {
 void run_direct(const DirectArgs& a, int64_t T, int64_t begin, int64_t end) {
   const auto& tiles = direct_tiles(a.w->dtype);
   const int64_t N = a.w->out_features;
-  const int64_t tokens_per_tile = a.w->dtype == DType::BF16 || a.w->dtype == DType::F16 || a.w->dtype == DType::F32 ? 2 : 1;
+  const int64_t tokens_per_tile = tiles[0][1] != nullptr ? 2 : 1;  // fp8 and 4-bit tiles take one
   auto tile = [&](int64_t n0, int64_t nr, int64_t rs) {
     for (int64_t t = 0; t < T;) {
       const int64_t nt = std::min(tokens_per_tile, T - t);
