@@ -207,6 +207,8 @@ TEST(NoSpill, HotKernelsKeepAccumulatorsInRegisters) {
                           {"cpu_avx2_fma::(anonymous namespace)::micro_kernel<", 6, 0, false, true},
                           // MXFP4 and INT4_G32 decode tiles, 1-4 rows
                           {"cpu_avx2_fma::(anonymous namespace)::tile_q4<", 8, 0, true, true},
+                          // fp8 on the exponent route (AMD), 1-4 rows
+                          {"cpu_avx2_fma::(anonymous namespace)::tile_fp8_exponent<", 4, 0, true, true},
                           {"moat::bench::dpbf16_loop", 1, 16},
                           {"moat::bench::fma_loop(", 1, 16},
                           {"moat::bench::fma_loop_avx2(", 1, 12, false, true},

@@ -152,6 +152,45 @@ TEST(OpsMatmul, EveryHostKernelMatchesReference) {
   }
 }
 
+// The AVX2 kernel's two exact fp8 decodes (F16C; integer shifts into fp32's exponent field, with
+// subnormal codes as fp32 subnormals) against the reference, whichever one this CPU picks by
+// default: every finite code, ragged K (tails of 44, 54 and 40 columns), blocks of 128 and of 96
+// (not a multiple of 64: the exponent route hands those to F16C), 1-4 rows per tile, 1-4 tokens.
+TEST(OpsMatmul, Avx2Fp8DecodeRoutesMatchReference) {
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c"))
+    GTEST_SKIP() << "no AVX2 + FMA + F16C";
+  using moat::ops::cpu_avx2_fma::Fp8DecodeRoute;
+  const Fp8DecodeRoute saved = moat::ops::cpu_avx2_fma::fp8_decode_route();
+  const KernelEntry* reference = host_kernels(OpId::matmul, OpShape{.weight_dtype = DType::F8_E4M3})[0];
+  std::mt19937 rng(5);
+  struct Shape {
+    int64_t N, K, block_in;
+  };
+  const Shape shapes[] = {{7, 128, 128}, {37, 300, 128}, {130, 310, 128}, {9, 4200, 128}, {21, 240, 96}, {5, 1000, 96}};
+  for (const Shape& s : shapes) {
+    TestWeight tw = make_weight(DType::F8_E4M3, s.N, s.K, rng);
+    tw.w.block_in = s.block_in;
+    tw.scales.resize(static_cast<size_t>((s.N + 127) / 128 * tw.w.scale_cols()), 0.0f);
+    std::uniform_real_distribution<float> u(0.5f, 2.0f);
+    for (float& v : tw.scales) v = u(rng) * 1e-2f;
+    tw.w.scale_inv = tw.scales.data();
+    for (int64_t T : {1, 2, 3, 4}) {
+      const auto x = randn(static_cast<size_t>(T * s.K), rng);
+      std::vector<float> ref(static_cast<size_t>(T * s.N));
+      fn_of<MatmulFn>(reference)(x.data(), T, tw.w, ref.data(), MatmulPrecision::exact());
+      for (Fp8DecodeRoute route : {Fp8DecodeRoute::f16c, Fp8DecodeRoute::exponent}) {
+        moat::ops::cpu_avx2_fma::set_fp8_decode_route(route);
+        std::vector<float> out(ref.size(), NAN);
+        moat::ops::cpu_avx2_fma::matmul(x.data(), T, tw.w, out.data(), MatmulPrecision::exact());
+        EXPECT_LE(normalized_error(out, ref), kExact)
+            << "route " << static_cast<int>(route) << " N=" << s.N << " K=" << s.K << " block_in=" << s.block_in
+            << " T=" << T;
+      }
+    }
+  }
+  moat::ops::cpu_avx2_fma::set_fp8_decode_route(saved);
+}
+
 // A matmul group (weights that share x) equals one call per weight bit for bit, on every kernel
 // that offers one, at 1 and 2 threads (the pool splits the group's rows across matrices),
 // decode-sized and batched T, both precisions.

@@ -31,6 +31,12 @@ void mla_attention_amx(const MlaAttentionArgs& args);
 // MXFP4 / INT4_G32 weights decoded in registers for decode-sized calls, a packed 6 x 16 GEMM for
 // longer ones; fp32-accurate whatever the precision asks.
 namespace cpu_avx2_fma {
+// How decode-sized calls turn fp8 e4m3 into fp32 (both exact): F16C conversions, or integer
+// shifts and masks into fp32's exponent field (faster where subnormal inputs cost nothing: AMD).
+// Picked once per process from the CPU vendor or MOAT_FP8_DECODE=f16c|exponent; set by tests.
+enum class Fp8DecodeRoute { f16c, exponent };
+Fp8DecodeRoute fp8_decode_route();
+void set_fp8_decode_route(Fp8DecodeRoute route);
 void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision);
 void matmul_group(const float* x, int64_t T, const WeightMatrix* const* w, float* const* y, int64_t count,
                   const MatmulPrecision& precision);

@@ -26,6 +26,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -104,6 +106,27 @@ __attribute__((always_inline)) inline __m128i fp8x8_to_f16(__m128i codes) {
 // fp16 value of an fp8 code times this is the e4m3 value.
 constexpr float kFp8FromF16 = 256.0f;
 
+// e4m3 codes -> fp32 by integer ops alone (the exponent route, Fp8DecodeRoute::exponent): a code's
+// sign, exponent and mantissa placed under fp32's with no rebias make the value times 2^-120 (the
+// exponent field holds e4m3's biased exponent, 0-15, against fp32's bias of 127 instead of 7), and
+// subnormal codes become fp32 subnormals with the same mantissa: exact. 32 codes per 32-byte load:
+// out[j] holds byte j of every dword (elements j, j + 4, .., j + 28). Per 32 weights 3 shifts to
+// split the bytes, 2 to align them and 4 masks, against F16C's 2 conversions per 16 on top of the
+// sign-extend, shift and mask. The tiles scale x by 2^64 (kFp8ExponentX) so that products stay
+// normal (x w 2^-56), and the block scale takes the rest (kFp8ExponentScale).
+__attribute__((always_inline)) inline void fp8x32_exponent(__m256i codes, __m256 out[4]) {
+  const __m256i mask = _mm256_set1_epi32(static_cast<int>(0x87F00000u));  // sign, 4 exponent + 3 mantissa bits
+  // each 16-bit word's high byte (bytes 1, 3) under the word's top, sign copied into the 4 bits above
+  const __m256i odd = _mm256_srai_epi16(codes, 4);
+  const __m256i even = _mm256_srai_epi16(_mm256_slli_epi16(codes, 8), 4);  // bytes 0, 2 likewise
+  out[0] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(even, 16), mask));
+  out[1] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(odd, 16), mask));
+  out[2] = _mm256_castsi256_ps(_mm256_and_si256(even, mask));
+  out[3] = _mm256_castsi256_ps(_mm256_and_si256(odd, mask));
+}
+constexpr float kFp8ExponentX = 0x1p64f;
+constexpr float kFp8ExponentScale = 0x1p56f;  // 2^120 / kFp8ExponentX
+
 // 16 consecutive elements of a row (p: the first) as two fp32 vectors: bf16 as (even, odd)
 // elements, every other dtype in order (lo = elements 0-7, hi = 8-15). fp8 before its scale.
 template <DType D>
@@ -163,19 +186,26 @@ __attribute__((always_inline)) inline float hsum(__m256 v) {
 // the weights decode: bf16 puts each 16 columns' 8 even ones, then the 8 odd ones (decode16's
 // order); 4-bit each 32 columns' even ones, then the odd ones (low nibbles, then high); the rest
 // keep x's order.
-enum class XOrder { plain, even_odd16, even_odd32 };
+// fp8's exponent route each 32 columns' elements 0, 4, .., 28, then 1, 5, .., 29, and so on
+// (fp8x32_exponent's order), times kFp8ExponentX.
+enum class XOrder { plain, even_odd16, even_odd32, fp8_exponent32 };
 void prepare_x_direct(const float* x, int64_t T, int64_t K, XOrder order, float* out, int64_t Kp) {
-  const int64_t span = order == XOrder::even_odd32 ? 32 : 16, half = span / 2;
   for (int64_t t = 0; t < T; ++t) {
     const float* src = x + t * K;
     float* dst = out + t * Kp;
-    std::fill(dst + (K / 16) * 16, dst + Kp, 0.0f);
-    if (order == XOrder::plain) {
-      std::memcpy(dst, src, static_cast<size_t>(K) * sizeof(float));
-      continue;
+    std::fill(dst + (K / 64) * 64, dst + Kp, 0.0f);
+    switch (order) {
+      case XOrder::plain: std::memcpy(dst, src, static_cast<size_t>(K) * sizeof(float)); break;
+      case XOrder::fp8_exponent32:
+        for (int64_t k0 = 0; k0 < K; k0 += 32)
+          for (int64_t i = 0; i < 32 && k0 + i < K; ++i) dst[k0 + (i & 3) * 8 + i / 4] = src[k0 + i] * kFp8ExponentX;
+        break;
+      default: {
+        const int64_t span = order == XOrder::even_odd32 ? 32 : 16, half = span / 2;
+        for (int64_t k0 = 0; k0 < K; k0 += span)
+          for (int64_t i = 0; i < span && k0 + i < K; ++i) dst[k0 + (i & 1) * half + i / 2] = src[k0 + i];
+      }
     }
-    for (int64_t k0 = 0; k0 < K; k0 += span)
-      for (int64_t i = 0; i < span && k0 + i < K; ++i) dst[k0 + (i & 1) * half + i / 2] = src[k0 + i];
   }
 }
 
@@ -184,6 +214,7 @@ struct DirectArgs {
   const float* x;  // prepare_x_direct's layout
   int64_t Kp;
   float* y;  // [T, N]
+  bool fp8_exponent = false;  // fp8 weights on tile_fp8_exponent
 };
 
 // y[t][n0 + r rs] for r < NR, t < NT (the tile's first token: x, y already offset). NT == 1 keeps
@@ -343,6 +374,74 @@ void tile_q4(const DirectArgs& a, int64_t n0, int64_t rs, const float* x, float*
   for (int r = 0; r < NR; ++r) y[r * rs] = hsum(acc[r]);
 }
 
+// fp8 on the exponent route, one token: per 32 columns each row's 32 codes become 4 fp32 vectors
+// (fp8x32_exponent), 4 FMAs into the row's 2 accumulators; each 128-column block's sums times
+// the block scale go to y, as in tile_direct.
+template <int NR>
+void tile_fp8_exponent(const DirectArgs& a, int64_t n0, int64_t rs, const float* x, float* y) {
+  const WeightMatrix& w = *a.w;
+  const int64_t K = w.in_features, block = w.block_in;  // block: a multiple of 64 (matmul_impl)
+  const uint8_t* rows[NR];
+  const float* scale_rows[NR];
+  __m256 acc[NR][2];
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) {
+    rows[r] = static_cast<const uint8_t*>(w.data) + (n0 + r * rs) * K;
+    scale_rows[r] = w.scale_inv + ((n0 + r * rs) / w.block_out) * w.scale_cols();
+    y[r * rs] = 0.0f;
+    acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  }
+  auto step = [&](const uint8_t* const* src, const float* xk) __attribute__((always_inline)) {
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      __m256 v[4];
+      fp8x32_exponent(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src[r])), v);
+      acc[r][0] = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(xk), acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(xk + 8), acc[r][1]);
+      acc[r][0] = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(xk + 16), acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xk + 24), acc[r][1]);
+    }
+  };
+  auto fold = [&](int64_t kb) __attribute__((always_inline)) {
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      y[r * rs] += hsum(_mm256_add_ps(acc[r][0], acc[r][1])) * (scale_rows[r][kb / block] * kFp8ExponentScale);
+      acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    }
+  };
+  const int64_t k_whole = K / 64 * 64;
+  for (int64_t kb = 0; kb < K; kb += block) {
+    const int64_t ke = std::min(k_whole, kb + block);
+    for (int64_t k = kb; k < ke; k += 64) {  // a cache line of every row, each prefetched ahead
+      const uint8_t* src[NR];
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        src[r] = rows[r] + k;
+        _mm_prefetch(reinterpret_cast<const char*>(src[r]) + kPrefetchBytes, _MM_HINT_T0);
+      }
+      step(src, x + k);
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) src[r] += 32;
+      step(src, x + k + 32);
+    }
+    if (kb + block <= k_whole || k_whole == K) fold(kb);  // else after the tail
+  }
+  // The rows' last 1-63 codes (only the last block can be ragged), zero padded as x is; outside
+  // the k loop, whose body must store no vectors.
+  if (k_whole < K) {
+    alignas(32) uint8_t tail[NR][64] = {};
+    const uint8_t* src[NR];
+    for (int r = 0; r < NR; ++r) {
+      std::memcpy(tail[r], rows[r] + k_whole, static_cast<size_t>(K - k_whole));
+      src[r] = tail[r];
+    }
+    step(src, x + k_whole);
+    for (int r = 0; r < NR; ++r) src[r] += 32;
+    step(src, x + k_whole + 32);
+    fold(k_whole / block * block);
+  }
+}
+
 using DirectTile = void (*)(const DirectArgs&, int64_t n0, int64_t rs, const float* x, float* y);
 
 template <DType D, int... R>
@@ -362,6 +461,12 @@ constexpr std::array<std::array<DirectTile, 2>, 4> q4_table_of_tiles(std::intege
 template <DType D>
 constexpr auto kDirectQ4 = q4_table_of_tiles<D>(std::make_integer_sequence<int, 4>{});
 
+template <int... R>
+constexpr std::array<std::array<DirectTile, 2>, 4> fp8_exponent_tiles(std::integer_sequence<int, R...>) {
+  return {{{&tile_fp8_exponent<R + 1>, nullptr}...}};
+}
+constexpr auto kDirectFp8Exponent = fp8_exponent_tiles(std::make_integer_sequence<int, 4>{});
+
 const std::array<std::array<DirectTile, 2>, 4>& direct_tiles(DType d) {
   switch (d) {
     case DType::MXFP4: return kDirectQ4<DType::MXFP4>;
@@ -376,7 +481,7 @@ const std::array<std::array<DirectTile, 2>, 4>& direct_tiles(DType d) {
 // Rows [begin, end) of one task: 4 lanes of L rows read side by side (tile i: rows begin + i +
 // q L), then the 0-3 rows left as one tile of consecutive rows.
 void run_direct(const DirectArgs& a, int64_t T, int64_t begin, int64_t end) {
-  const auto& tiles = direct_tiles(a.w->dtype);
+  const auto& tiles = a.fp8_exponent ? kDirectFp8Exponent : direct_tiles(a.w->dtype);
   const int64_t N = a.w->out_features;
   const int64_t tokens_per_tile = tiles[0][1] != nullptr ? 2 : 1;  // fp8 and 4-bit tiles take one
   auto tile = [&](int64_t n0, int64_t nr, int64_t rs) {
@@ -599,11 +704,14 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
     }
   }
   if (T <= kDirectMaxTokens) {
-    const int64_t Kp = (K + 15) / 16 * 16;
+    bool fp8_exponent = w0.dtype == DType::F8_E4M3 && fp8_decode_route() == Fp8DecodeRoute::exponent;
+    for (int64_t i = 0; i < count && fp8_exponent; ++i) fp8_exponent = ws[i]->block_in % 64 == 0;
+    const int64_t Kp = (K + 63) / 64 * 64;
     thread_local std::vector<float> xd;
     xd.resize(static_cast<size_t>(T * Kp));
     const XOrder order = w0.dtype == DType::BF16 ? XOrder::even_odd16
                          : w0.is_4bit()          ? XOrder::even_odd32
+                         : fp8_exponent          ? XOrder::fp8_exponent32
                                                  : XOrder::plain;
     prepare_x_direct(x, T, K, order, xd.data(), Kp);
     std::array<int64_t, kMaxMatmulGroup + 1> first{};  // first[i]: matrix i's first 4-row group
@@ -613,7 +721,7 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
       for (int64_t i = 0; i < count; ++i) {
         const int64_t lo = std::max(g0, first[i]), hi = std::min(g1, first[i + 1]);
         if (lo >= hi) continue;
-        const DirectArgs a{ws[i], xdp, Kp, ys[i]};
+        const DirectArgs a{ws[i], xdp, Kp, ys[i], fp8_exponent};
         run_direct(a, T, (lo - first[i]) * 4, std::min(ws[i]->out_features, (hi - first[i]) * 4));
       }
     }, std::max<int64_t>(1, 2048 / Kp));
@@ -641,7 +749,22 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
   });
 }
 
+// Zen runs FMAs on subnormal inputs at full rate (Zen 3, weights all subnormal codes: 20 G weights
+// per second per core, as with normal ones); Intel cores take a microcode assist per subnormal
+// input unless DAZ is set (which would flush them: inexact), and real checkpoints hold a few
+// subnormal codes per 10^4, so they keep F16C. MOAT_FP8_DECODE=f16c|exponent overrides.
+std::atomic<Fp8DecodeRoute> g_fp8_route{[] {
+  if (const char* env = std::getenv("MOAT_FP8_DECODE")) {
+    if (std::strcmp(env, "f16c") == 0) return Fp8DecodeRoute::f16c;
+    if (std::strcmp(env, "exponent") == 0) return Fp8DecodeRoute::exponent;
+  }
+  return __builtin_cpu_is("amd") ? Fp8DecodeRoute::exponent : Fp8DecodeRoute::f16c;
+}()};
+
 }  // namespace
+
+Fp8DecodeRoute fp8_decode_route() { return g_fp8_route.load(std::memory_order_relaxed); }
+void set_fp8_decode_route(Fp8DecodeRoute route) { g_fp8_route.store(route, std::memory_order_relaxed); }
 
 void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision) {
   const WeightMatrix* ws[] = {&w};
