@@ -249,6 +249,7 @@ TEST(KdaOps, EveryHostKernelMatchesReference) {
       {12, 128, 128, {1, 40, 5}},       // decode and short prefills together
       {4, 16, 16, {1, 2, 100, 33}},     // the shipped tiny models' head dim
       {3, 20, 24, {7, 65}},             // dims that are not whole vectors
+      {2, 20, 100, {9, 1, 17}},         // columns past whole AVX2 tiles (32 x 3 + 4) and vectors
       {2, 32, 40, {1}},                 // T = 1
       {1, 1, 1, {3, 1}},
   };
@@ -465,6 +466,7 @@ TEST(KdaRecurrent, StepStatesArePrefixFinalStates) {
   const KdaShape shapes[] = {
       {3, 20, 24, kStepLens},       // dims that are not whole vectors
       {2, 16, 200, {1, 9, 5}},      // two column tiles on cpu (128 + 72), seven column blocks on cuda
+      {2, 12, 36, {1, 9, 5}},       // a partial last vector on AVX-512 and AVX2
       {12, 128, 128, {9, 1, 4}},    // Kimi K3 at TP 8
   };
   const KernelEntry* ref = reference_kernel(OpId::kda_recurrent);
@@ -631,8 +633,8 @@ TEST(KdaRegistry, ResolvedOnlyForModelsWithKdaLayers) {
         EXPECT_TRUE(it->resolution.usable())
             << it->use << " on " << backend_name(b) << ": " << it->resolution.describe();
         EXPECT_NE(it->use.find("heads/rank=" + std::to_string(heads)), std::string::npos) << it->use;
-        // The real shapes get a SIMD kernel wherever the CPU has AVX-512.
-        if (b == Backend::cpu && cpu_has_isa("avx512")) {
+        // The real shapes get a SIMD kernel wherever the CPU has AVX-512 or AVX2.
+        if (b == Backend::cpu && (cpu_has_isa("avx512") || cpu_has_isa("avx2"))) {
           EXPECT_EQ(it->resolution.kind, Resolution::Kind::kernel) << it->use;
           EXPECT_EQ(it->resolution.kernel->backend, Backend::cpu) << it->use;
         }
