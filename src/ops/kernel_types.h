@@ -14,7 +14,8 @@ namespace moat::ops {
 using EmbeddingFn = void (*)(const WeightMatrix& table, const int32_t* ids, int64_t T, float* out);
 
 // How a matmul treats its fp32 activations. Only kernels that multiply in bf16 (the AVX-512 BF16
-// CPU kernel) look at it; the others are fp32-accurate always. Owned by an OpTable, so a draft and
+// CPU kernel) look at it, and the AVX2 kernel for 4-bit decode (fp8_split); the others are
+// fp32-accurate always. Owned by an OpTable, so a draft and
 // a target model in one process can differ.
 struct MatmulPrecision {
   // Calls of at most this many tokens split x into bf16 hi + lo (two dot products per weight

@@ -205,8 +205,9 @@ TEST(NoSpill, HotKernelsKeepAccumulatorsInRegisters) {
                           // packed 6 x 16 micro-kernels
                           {"cpu_avx2_fma::(anonymous namespace)::tile_direct<", 28, 0, true, true},
                           {"cpu_avx2_fma::(anonymous namespace)::micro_kernel<", 6, 0, false, true},
-                          // MXFP4 and INT4_G32 decode tiles, 1-4 rows
+                          // MXFP4 and INT4_G32 decode tiles, 1-4 rows: fp32 (exact) and int16 activations
                           {"cpu_avx2_fma::(anonymous namespace)::tile_q4<", 8, 0, true, true},
+                          {"cpu_avx2_fma::(anonymous namespace)::tile_q4_i16<", 8, 0, true, true},
                           // fp8 on the exponent route (AMD), 1-4 rows
                           {"cpu_avx2_fma::(anonymous namespace)::tile_fp8_exponent<", 4, 0, true, true},
                           {"moat::bench::dpbf16_loop", 1, 16},

@@ -29,7 +29,8 @@ void mla_attention_amx(const MlaAttentionArgs& args);
 
 // fp32-FMA matmul for CPUs with AVX2 + FMA + F16C (matmul_avx2.cpp): bf16 / f16 / f32 / fp8-block /
 // MXFP4 / INT4_G32 weights decoded in registers for decode-sized calls, a packed 6 x 16 GEMM for
-// longer ones; fp32-accurate whatever the precision asks.
+// longer ones; fp32-accurate whatever the precision asks, except 4-bit decode-sized calls in the
+// default precision (int16 activations, as cpu.matmul_avx512bf16).
 namespace cpu_avx2_fma {
 // How decode-sized calls turn fp8 e4m3 into fp32 (both exact): F16C conversions, or integer
 // shifts and masks into fp32's exponent field (faster where subnormal inputs cost nothing: AMD).

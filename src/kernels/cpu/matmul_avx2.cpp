@@ -1,7 +1,9 @@
 // The CPU matmul for x86 machines with AVX2 + FMA but no AVX-512 BF16 (Zen 2 / Zen 3, Haswell to
 // Alder Lake client cores): y[T, N] = x[T, K] . W[N, K]^T for W in bf16, f16, fp8 e4m3 with
-// 128 x 128 block scales, or f32, with fp32 FMAs on fp32 activations (fp32-accurate: without a
-// bf16 dot product rounding x would save nothing, so --exact and the default compute the same).
+// 128 x 128 block scales, f32, MXFP4 or INT4_G32, with fp32 FMAs on fp32 activations
+// (fp32-accurate: without a bf16 dot product rounding x would save nothing, so --exact and the
+// default compute the same), except 4-bit decode in the default precision, whose activations are
+// quantized to int16 per 32 elements (tile_q4_i16; more accurate than rounding to bf16).
 //
 // - Decode-sized calls (T <= kDirectMaxTokens) decode the weights in registers and stream each
 //   byte of W from memory once: a task's rows are read in 4 lanes side by side (4 long sequential
@@ -17,7 +19,8 @@
 //   6-token x 16-column tile in 12 ymm accumulators (6 broadcasts and 2 loads per 12 FMAs: FMA
 //   bound, not load bound, on two FMA pipes).
 // - MXFP4 / INT4_G32: the decode tiles turn each group's 16 bytes into 32 int8 values with two
-//   byte shuffles, then fp32 (exact), one token at a time; the packed path dequantizes the same way.
+//   byte shuffles, then int16 against int16 activations (vpmaddwd; the default) or fp32 (exact
+//   mode), one token at a time; the packed path dequantizes to fp32.
 // The portable cpu_avx2::matmul (cpu_generic.inc) keeps any fp8 layout whose scale blocks are not
 // multiples of 16.
 // NaN codes of fp8 (0x7f, 0xff) decode to +-480 here (the exponent trick has no NaN); a checkpoint
@@ -27,6 +30,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -215,16 +219,20 @@ struct DirectArgs {
   int64_t Kp;
   float* y;  // [T, N]
   bool fp8_exponent = false;  // fp8 weights on tile_fp8_exponent
+  // 4-bit weights on tile_q4_i16 (the default precision): x as quantize_x_q4_i16 leaves it
+  const int16_t* xq = nullptr;  // [T][Kp]
+  const float* xs = nullptr;    // [T][Kp / 32]
 };
 
-// y[t][n0 + r rs] for r < NR, t < NT (the tile's first token: x, y already offset). NT == 1 keeps
+// y[t][n0 + r rs] for r < NR, t < NT (tokens t0 ..; y already offset). NT == 1 keeps
 // separate accumulators for the two halves of each 16 (each FMA chain one FMA per step: the
 // latency of a 2-FMA chain would bound a 4-row, 1-token tile at half the FMA rate); two tokens
 // have enough chains without. Three would need 12 accumulators beside the decoded halves, the
 // bf16 mask and fp8's constants: more than AVX2's 16 ymm registers.
 template <DType D, int NR, int NT>
-void tile_direct(const DirectArgs& a, int64_t n0, int64_t rs, const float* x, float* y) {
+void tile_direct(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, float* y) {
   constexpr int64_t eb = elem_bytes<D>();
+  const float* x = a.x + t0 * a.Kp;
   constexpr int kHalves = NT == 1 ? 2 : 1;
   const WeightMatrix& w = *a.w;
   const int64_t K = w.in_features, N = w.out_features, Kp = a.Kp;
@@ -342,8 +350,9 @@ void tile_direct(const DirectArgs& a, int64_t n0, int64_t rs, const float* x, fl
 // byte shuffles), then fp32; the group's two partial sums take the group scale in one FMA into
 // the row's accumulator (a scale per weight vector would be 4 multiplies a group).
 template <DType D, int NR>
-void tile_q4(const DirectArgs& a, int64_t n0, int64_t rs, const float* x, float* y) {
+void tile_q4(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, float* y) {
   const WeightMatrix& w = *a.w;
+  const float* x = a.x + t0 * a.Kp;
   const int64_t K = w.in_features, row_bytes = K / 2, groups = K / 32;
   const uint8_t* rows[NR];
 #pragma GCC unroll 4
@@ -378,8 +387,9 @@ void tile_q4(const DirectArgs& a, int64_t n0, int64_t rs, const float* x, float*
 // (fp8x32_exponent), 4 FMAs into the row's 2 accumulators; each 128-column block's sums times
 // the block scale go to y, as in tile_direct.
 template <int NR>
-void tile_fp8_exponent(const DirectArgs& a, int64_t n0, int64_t rs, const float* x, float* y) {
+void tile_fp8_exponent(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, float* y) {
   const WeightMatrix& w = *a.w;
+  const float* x = a.x + t0 * a.Kp;
   const int64_t K = w.in_features, block = w.block_in;  // block: a multiple of 64 (matmul_impl)
   const uint8_t* rows[NR];
   const float* scale_rows[NR];
@@ -442,7 +452,82 @@ void tile_fp8_exponent(const DirectArgs& a, int64_t n0, int64_t rs, const float*
   }
 }
 
-using DirectTile = void (*)(const DirectArgs&, int64_t n0, int64_t rs, const float* x, float* y);
+// y[t0 .. t0 + NT)[n0 + r rs] for the tile's rows r (y already offset to token t0, row n0).
+using DirectTile = void (*)(const DirectArgs&, int64_t n0, int64_t rs, int64_t t0, float* y);
+
+// ---- 4-bit decode with int16 activations (the default precision) -------------------------------
+// The fp32 tile (tile_q4, exact mode) turns each group's 32 int8 codes into 4 fp32 vectors (4
+// widenings, 4 conversions) before its 4 FMAs: ~21 vector ops per group and row, compute-bound at
+// a fifth of the bandwidth on Zen 3. With x quantized once per call to int16 per 32-element group
+// (as cpu.matmul_avx512bf16's tile_q4_i16: q = round(x 32767 / max|x|), an error of at most
+// max|x| / 65534 per element, below rounding x to bf16), a group is 2 widenings to int16 and 2
+// vpmaddwd, exact in int32 (32 products of |12 x 32767| < 2^24, so the int32 -> fp32 conversion is
+// exact too), then one conversion and one FMA with the two scales: ~13 ops.
+
+// x[T, K] -> xq[T][Kp] int16, each 32 elements' even ones then odd ones (q4_values' order), and
+// xs[T][Kp / 32] their fp32 scales. K % 32 == 0 (handled() for 4-bit weights).
+void quantize_x_q4_i16(const float* x, int64_t T, int64_t K, int64_t Kp, int16_t* xq, float* xs) {
+  // below this a group's 32767 / max overflows fp32: such groups are scaled in double
+  constexpr float kTinyGroup = 1e-33f;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t g = 0; g < K / 32; ++g) {
+      const float* src = x + t * K + g * 32;
+      __m256 v[4], m = _mm256_setzero_ps();
+      for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_loadu_ps(src + 8 * i);
+        m = _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v[i]));
+      }
+      __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+      h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+      const float mx = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+      alignas(32) int32_t q[32];
+      if (mx < kTinyGroup && mx > 0.0f) {
+        for (int i = 0; i < 32; ++i) q[i] = static_cast<int32_t>(std::nearbyint(src[i] * (32767.0 / mx)));
+      } else {
+        const __m256 inv = _mm256_set1_ps(mx > 0.0f ? 32767.0f / mx : 0.0f);
+        for (int i = 0; i < 4; ++i)  // nearest even, as nearbyint
+          _mm256_store_si256(reinterpret_cast<__m256i*>(q + 8 * i), _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv)));
+      }
+      int16_t* dst = xq + t * Kp + g * 32;
+      for (int i = 0; i < 32; ++i) dst[(i & 1) * 16 + i / 2] = static_cast<int16_t>(q[i]);
+      xs[t * (Kp / 32) + g] = mx / 32767.0f;
+    }
+}
+
+// One token against NR rows: per group, each row's 16 bytes -> 2 x 16 int8 (q4_values) -> int16
+// -> vpmaddwd with x's even and odd halves -> 8 int32 sums -> fp32, times the row's group scale
+// and x's, into the row's accumulator.
+template <DType D, int NR>
+void tile_q4_i16(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, float* y) {
+  const WeightMatrix& w = *a.w;
+  const int64_t K = w.in_features, row_bytes = K / 2, groups = K / 32;
+  const int16_t* xq = a.xq + t0 * a.Kp;
+  const float* xs = a.xs + t0 * (a.Kp / 32);
+  const uint8_t* rows[NR];
+  __m256 acc[NR];
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) {
+    rows[r] = static_cast<const uint8_t*>(w.data) + (n0 + r * rs) * row_bytes;
+    acc[r] = _mm256_setzero_ps();
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * 32));
+    const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * 32 + 16));
+    const float sx = xs[g];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const uint8_t* p = rows[r] + g * 16;
+      if ((g & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
+      __m128i even, odd;
+      q4_values<D>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), even, odd);
+      const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(even), xe),
+                                           _mm256_madd_epi16(_mm256_cvtepi8_epi16(odd), xo));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(q4_scale<D>(w, n0 + r * rs, g) * sx), acc[r]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) y[r * rs] = hsum(acc[r]);
+}
 
 template <DType D, int... R>
 constexpr std::array<std::array<DirectTile, 2>, 4> direct_table(std::integer_sequence<int, R...>) {
@@ -460,6 +545,13 @@ constexpr std::array<std::array<DirectTile, 2>, 4> q4_table_of_tiles(std::intege
 }
 template <DType D>
 constexpr auto kDirectQ4 = q4_table_of_tiles<D>(std::make_integer_sequence<int, 4>{});
+
+template <DType D, int... R>
+constexpr std::array<std::array<DirectTile, 2>, 4> q4_i16_tiles(std::integer_sequence<int, R...>) {
+  return {{{&tile_q4_i16<D, R + 1>, nullptr}...}};
+}
+template <DType D>
+constexpr auto kDirectQ4I16 = q4_i16_tiles<D>(std::make_integer_sequence<int, 4>{});
 
 template <int... R>
 constexpr std::array<std::array<DirectTile, 2>, 4> fp8_exponent_tiles(std::integer_sequence<int, R...>) {
@@ -481,13 +573,16 @@ const std::array<std::array<DirectTile, 2>, 4>& direct_tiles(DType d) {
 // Rows [begin, end) of one task: 4 lanes of L rows read side by side (tile i: rows begin + i +
 // q L), then the 0-3 rows left as one tile of consecutive rows.
 void run_direct(const DirectArgs& a, int64_t T, int64_t begin, int64_t end) {
-  const auto& tiles = a.fp8_exponent ? kDirectFp8Exponent : direct_tiles(a.w->dtype);
+  const auto& tiles = a.fp8_exponent           ? kDirectFp8Exponent
+                     : a.xq == nullptr          ? direct_tiles(a.w->dtype)
+                     : a.w->dtype == DType::MXFP4 ? kDirectQ4I16<DType::MXFP4>
+                                                : kDirectQ4I16<DType::INT4_G32>;
   const int64_t N = a.w->out_features;
   const int64_t tokens_per_tile = tiles[0][1] != nullptr ? 2 : 1;  // fp8 and 4-bit tiles take one
   auto tile = [&](int64_t n0, int64_t nr, int64_t rs) {
     for (int64_t t = 0; t < T;) {
       const int64_t nt = std::min(tokens_per_tile, T - t);
-      tiles[nr - 1][nt - 1](a, n0, rs, a.x + t * a.Kp, a.y + t * N + n0);
+      tiles[nr - 1][nt - 1](a, n0, rs, t, a.y + t * N + n0);
       t += nt;
     }
   };
@@ -714,6 +809,17 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
                          : fp8_exponent          ? XOrder::fp8_exponent32
                                                  : XOrder::plain;
     prepare_x_direct(x, T, K, order, xd.data(), Kp);
+    // 4-bit weights in the default precision: x in int16 as well (exact mode keeps tile_q4)
+    thread_local std::vector<int16_t> xq;
+    thread_local std::vector<float> xs;
+    const bool q4_int16 = w0.is_4bit() && !precision.fp8_split;
+    if (q4_int16) {
+      xq.resize(static_cast<size_t>(T * Kp));
+      xs.resize(static_cast<size_t>(T * (Kp / 32)));
+      quantize_x_q4_i16(x, T, K, Kp, xq.data(), xs.data());
+    }
+    const int16_t* xqp = q4_int16 ? xq.data() : nullptr;
+    const float* xsp = xs.data();
     std::array<int64_t, kMaxMatmulGroup + 1> first{};  // first[i]: matrix i's first 4-row group
     for (int64_t i = 0; i < count; ++i) first[i + 1] = first[i] + (ws[i]->out_features + 3) / 4;
     const float* xdp = xd.data();
@@ -721,7 +827,7 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
       for (int64_t i = 0; i < count; ++i) {
         const int64_t lo = std::max(g0, first[i]), hi = std::min(g1, first[i + 1]);
         if (lo >= hi) continue;
-        const DirectArgs a{ws[i], xdp, Kp, ys[i], fp8_exponent};
+        const DirectArgs a{ws[i], xdp, Kp, ys[i], fp8_exponent, xqp, xsp};
         run_direct(a, T, (lo - first[i]) * 4, std::min(ws[i]->out_features, (hi - first[i]) * 4));
       }
     }, std::max<int64_t>(1, 2048 / Kp));
