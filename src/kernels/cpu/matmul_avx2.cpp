@@ -460,9 +460,10 @@ using DirectTile = void (*)(const DirectArgs&, int64_t n0, int64_t rs, int64_t t
 // widenings, 4 conversions) before its 4 FMAs: ~21 vector ops per group and row, compute-bound at
 // a fifth of the bandwidth on Zen 3. With x quantized once per call to int16 per 32-element group
 // (as cpu.matmul_avx512bf16's tile_q4_i16: q = round(x 32767 / max|x|), an error of at most
-// max|x| / 65534 per element, below rounding x to bf16), a group is 2 widenings to int16 and 2
-// vpmaddwd, exact in int32 (32 products of |12 x 32767| < 2^24, so the int32 -> fp32 conversion is
-// exact too), then one conversion and one FMA with the two scales: ~13 ops.
+// max|x| / 65534 per element, below rounding x to bf16), a group is one widening to int16 lanes
+// and 2 vpmaddwd, exact in int32 (4 products of at most |12 x 256 x 32767| per lane), then one
+// conversion to fp32 (rounding MXFP4's sums, which carry the x 256, by 2^-24 at most) and one FMA
+// with the two scales: ~11 ops.
 
 // x[T, K] -> xq[T][Kp] int16, each 32 elements' even ones then odd ones (q4_values' order), and
 // xs[T][Kp / 32] their fp32 scales. K % 32 == 0 (handled() for 4-bit weights).
@@ -494,9 +495,54 @@ void quantize_x_q4_i16(const float* x, int64_t T, int64_t K, int64_t Kp, int16_t
     }
 }
 
+// The 16 bytes (32 codes) at p as int16 lanes for vpmaddwd: even = elements 0, 2, .., 30 (low
+// nibbles), odd = 1, 3, .., 31. One zero-extension per group instead of q4_values' two
+// sign-extensions (lane-crossing, the tile's bottleneck: 7 -> 5 ops, +35% in L1 on Zen 3).
+// INT4_G32 is nibble - 8. MXFP4's e2m1 values come from a byte shuffle placed in each lane's high
+// byte (the index of the low byte is 0, and entry 0 of the table is 0): value x 256, undone by
+// kQ4I16Unit on the scale.
+template <DType D>
+__attribute__((always_inline)) inline void q4_values_i16(const uint8_t* p, __m256i& even, __m256i& odd) {
+  const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i low = _mm256_set1_epi16(0x0F);
+  if constexpr (D == DType::INT4_G32) {
+    even = _mm256_sub_epi16(_mm256_and_si256(b, low), _mm256_set1_epi16(8));
+    odd = _mm256_sub_epi16(_mm256_srli_epi16(b, 4), _mm256_set1_epi16(8));
+  } else {
+    static_assert(D == DType::MXFP4);
+    const __m256i table = _mm256_broadcastsi128_si256(q4_table<D>());
+    even = _mm256_shuffle_epi8(table, _mm256_slli_epi16(_mm256_and_si256(b, low), 8));
+    // b << 4: the high nibble in the high byte; the low byte's index is 0 or has bit 7 set: 0 either way
+    odd = _mm256_shuffle_epi8(table, _mm256_slli_epi16(b, 4));
+  }
+}
+template <DType D>
+constexpr float kQ4I16Unit = D == DType::MXFP4 ? 1.0f / 256.0f : 1.0f;
+
+// The scales of groups g0 .. g0 + 7 of row n times x's scales of those groups (xs8), as
+// q4_scale would give them one by one: a scalar scale per group and row took ~5 of the ~19 vector
+// ops a group cost (load, widen, move to a vector, multiply, broadcast); 8 at once and a lane
+// permute per group take ~1.5.
+template <DType D>
+__attribute__((always_inline)) inline __m256 q4_scales8(const WeightMatrix& w, int64_t n, int64_t g0, __m256 xs8) {
+  const int64_t i = n * w.groups_per_row() + g0;
+  if constexpr (D == DType::MXFP4) {
+    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+        reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(w.group_scales) + i)));
+    __m256i bits = _mm256_slli_epi32(e, 23);  // 2^(e-127); e = 0: 2^-127 (subnormal), e = 255: NaN
+    bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x00400000), _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
+    bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x7FC00000), _mm256_cmpeq_epi32(e, _mm256_set1_epi32(255)));
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(0.5f * kQ4I16Unit<D>)), xs8);
+  } else {
+    const __m256i b = _mm256_cvtepu16_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w.group_scales) + i)));
+    return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(b, 16)), xs8);
+  }
+}
+
 // One token against NR rows: per group, each row's 16 bytes -> 2 x 16 int8 (q4_values) -> int16
 // -> vpmaddwd with x's even and odd halves -> 8 int32 sums -> fp32, times the row's group scale
-// and x's, into the row's accumulator.
+// and x's, into the row's accumulator. Groups 8 at a time, each row's 8 scales in a register.
 template <DType D, int NR>
 void tile_q4_i16(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, float* y) {
   const WeightMatrix& w = *a.w;
@@ -510,21 +556,36 @@ void tile_q4_i16(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, float*
     rows[r] = static_cast<const uint8_t*>(w.data) + (n0 + r * rs) * row_bytes;
     acc[r] = _mm256_setzero_ps();
   }
-  for (int64_t g = 0; g < groups; ++g) {
+  // group g of every row, its combined scale from `scale(r)`
+  auto group = [&](int64_t g, auto scale) __attribute__((always_inline)) {
     const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * 32));
     const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * 32 + 16));
-    const float sx = xs[g];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
       const uint8_t* p = rows[r] + g * 16;
       if ((g & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
-      __m128i even, odd;
-      q4_values<D>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), even, odd);
-      const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(even), xe),
-                                           _mm256_madd_epi16(_mm256_cvtepi8_epi16(odd), xo));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(q4_scale<D>(w, n0 + r * rs, g) * sx), acc[r]);
+      __m256i even, odd;
+      q4_values_i16<D>(p, even, odd);
+      const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(even, xe), _mm256_madd_epi16(odd, xo));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale(r), acc[r]);
     }
+  };
+  const int64_t g8 = groups / 8 * 8;
+  for (int64_t g0 = 0; g0 < g8; g0 += 8) {
+    const __m256 xs8 = _mm256_loadu_ps(xs + g0);
+    __m256 sv[NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) sv[r] = q4_scales8<D>(w, n0 + r * rs, g0, xs8);
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j)
+      group(g0 + j, [&](int r) __attribute__((always_inline)) {
+        return _mm256_permutevar8x32_ps(sv[r], _mm256_set1_epi32(j));
+      });
   }
+  for (int64_t g = g8; g < groups; ++g)  // the last 1-7 groups (K % 256 != 0), a scale at a time
+    group(g, [&](int r) __attribute__((always_inline)) {
+      return _mm256_set1_ps(q4_scale<D>(w, n0 + r * rs, g) * kQ4I16Unit<D> * xs[g]);
+    });
 #pragma GCC unroll 4
   for (int r = 0; r < NR; ++r) y[r * rs] = hsum(acc[r]);
 }
