@@ -61,22 +61,18 @@ inline void pack_x_vnni16(const uint16_t* x, int64_t T, int64_t Tp, int64_t Kx, 
     }
 }
 
-// exp(x) = 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p a degree-6 polynomial (Cephes expf's
-// coefficients, ~2 ulp); vscalefps applies 2^n, underflowing gracefully to denormals and 0.
+using poly_v = __m512;
+inline __m512 poly_fma(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }
+inline __m512 poly_splat(float s) { return _mm512_set1_ps(s); }
+#include "kernels/cpu/vec_poly.inc"
+
+// exp(x) = 2^n e^r, r = x - n ln2 (exp_poly_reduced); vscalefps applies 2^n, underflowing
+// gracefully to denormals and 0.
 inline __m512 vexp(__m512 x) {
   x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(88.7f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
+  return _mm512_scalef_ps(exp_poly_reduced(x, n), n);
 }
 
 }  // namespace moat::ops::avx512

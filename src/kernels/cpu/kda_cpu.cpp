@@ -92,29 +92,15 @@ inline float hsum(vf v) {
 
 using avx512::vexp;
 
-// log(x) for normal x > 0: x = 2^e m with m in [sqrt(1/2), sqrt(2)), log(m) = f - f^2/2 + f^3 P(f)
-// with f = m - 1 (Cephes logf's polynomial), ln 2 split in two so e ln2 adds exactly.
+// log(x) for normal x > 0: x = 2^e m with m in [sqrt(1/2), sqrt(2)) by getexp / getmant, then
+// avx512::log_poly.
 inline __m512 vlog(__m512 x) {
   __m512 e = _mm512_getexp_ps(x);
   __m512 m = _mm512_getmant_ps(x, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);
   const __mmask16 big = _mm512_cmp_ps_mask(m, splat(1.41421356f), _CMP_GT_OQ);
   m = _mm512_mask_mul_ps(m, big, m, splat(0.5f));
   e = _mm512_mask_add_ps(e, big, e, splat(1.0f));
-  const __m512 f = _mm512_sub_ps(m, splat(1.0f));
-  const __m512 z = _mm512_mul_ps(f, f);
-  __m512 y = splat(7.0376836292e-2f);
-  y = _mm512_fmadd_ps(y, f, splat(-1.1514610310e-1f));
-  y = _mm512_fmadd_ps(y, f, splat(1.1676998740e-1f));
-  y = _mm512_fmadd_ps(y, f, splat(-1.2420140846e-1f));
-  y = _mm512_fmadd_ps(y, f, splat(1.4249322787e-1f));
-  y = _mm512_fmadd_ps(y, f, splat(-1.6668057665e-1f));
-  y = _mm512_fmadd_ps(y, f, splat(2.0000714765e-1f));
-  y = _mm512_fmadd_ps(y, f, splat(-2.4999993993e-1f));
-  y = _mm512_fmadd_ps(y, f, splat(3.3333331174e-1f));
-  y = _mm512_mul_ps(_mm512_mul_ps(y, f), z);
-  y = _mm512_fmadd_ps(e, splat(-2.12194440e-4f), y);
-  y = _mm512_fnmadd_ps(z, splat(0.5f), y);
-  return _mm512_fmadd_ps(e, splat(0.693359375f), _mm512_add_ps(f, y));
+  return avx512::log_poly(_mm512_sub_ps(m, splat(1.0f)), e);
 }
 
 inline __m512 vsigmoid(__m512 x) {
@@ -177,21 +163,18 @@ inline float hsum(vf v) {
   return _mm_cvtss_f32(s4);
 }
 
-// exp(x) as avx512::vexp (same reduction and polynomial); 2^n applied as two factors 2^(n/2)
-// built in the exponent field, so results below 2^-126 underflow gracefully to subnormals and 0
-// as vscalefps does.
+using poly_v = __m256;
+inline __m256 poly_fma(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
+inline __m256 poly_splat(float s) { return _mm256_set1_ps(s); }
+#include "kernels/cpu/vec_poly.inc"
+
+// exp(x) as avx512::vexp (exp_poly_reduced), 2^n applied as two factors 2^(n/2) built in the
+// exponent field, so results below 2^-126 underflow gracefully to subnormals and 0 as vscalefps
+// does.
 inline vf vexp(vf x) {
   x = _mm256_min_ps(_mm256_max_ps(x, splat(-104.0f)), splat(88.7f));
   const vf n = _mm256_round_ps(mul(x, splat(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  vf r = _mm256_fnmadd_ps(n, splat(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, splat(-2.12194440e-4f), r);
-  vf p = splat(1.9875691500e-4f);
-  p = fmadd(p, r, splat(1.3981999507e-3f));
-  p = fmadd(p, r, splat(8.3334519073e-3f));
-  p = fmadd(p, r, splat(4.1665795894e-2f));
-  p = fmadd(p, r, splat(1.6666665459e-1f));
-  p = fmadd(p, r, splat(5.0000001201e-1f));
-  p = fmadd(mul(p, r), r, add(r, splat(1.0f)));
+  const vf p = exp_poly_reduced(x, n);
   const __m256i ni = _mm256_cvtps_epi32(n);  // [-150, 128]
   const __m256i half = _mm256_srai_epi32(ni, 1), rest = _mm256_sub_epi32(ni, half);
   const __m256i bias = _mm256_set1_epi32(127);
@@ -201,7 +184,7 @@ inline vf vexp(vf x) {
 }
 
 // log(x) for normal x > 0, as the AVX-512 copy: x = 2^e m with m in [sqrt(1/2), sqrt(2)) (the
-// exponent and mantissa split by integer ops instead of getexp / getmant).
+// exponent and mantissa split by integer ops instead of getexp / getmant), then log_poly.
 inline vf vlog(vf x) {
   const __m256i bits = _mm256_castps_si256(x);
   vf e = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(127)));
@@ -210,21 +193,7 @@ inline vf vlog(vf x) {
   const vf big = _mm256_cmp_ps(m, splat(1.41421356f), _CMP_GT_OQ);
   m = _mm256_blendv_ps(m, mul(m, splat(0.5f)), big);
   e = _mm256_blendv_ps(e, add(e, splat(1.0f)), big);
-  const vf f = sub(m, splat(1.0f));
-  const vf z = mul(f, f);
-  vf y = splat(7.0376836292e-2f);
-  y = fmadd(y, f, splat(-1.1514610310e-1f));
-  y = fmadd(y, f, splat(1.1676998740e-1f));
-  y = fmadd(y, f, splat(-1.2420140846e-1f));
-  y = fmadd(y, f, splat(1.4249322787e-1f));
-  y = fmadd(y, f, splat(-1.6668057665e-1f));
-  y = fmadd(y, f, splat(2.0000714765e-1f));
-  y = fmadd(y, f, splat(-2.4999993993e-1f));
-  y = fmadd(y, f, splat(3.3333331174e-1f));
-  y = mul(mul(y, f), z);
-  y = fmadd(e, splat(-2.12194440e-4f), y);
-  y = _mm256_fnmadd_ps(z, splat(0.5f), y);
-  return fmadd(e, splat(0.693359375f), add(f, y));
+  return log_poly(sub(m, splat(1.0f)), e);
 }
 
 inline vf vsigmoid(vf x) { return _mm256_div_ps(splat(1.0f), add(splat(1.0f), vexp(sub(zero(), x)))); }
