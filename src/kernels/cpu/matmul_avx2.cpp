@@ -18,9 +18,9 @@
 //   beside x's 6 KiB), x is packed once per call as [T / 6][K][6], and the micro-kernel keeps a
 //   6-token x 16-column tile in 12 ymm accumulators (6 broadcasts and 2 loads per 12 FMAs: FMA
 //   bound, not load bound, on two FMA pipes).
-// - MXFP4 / INT4_G32: the decode tiles turn each group's 16 bytes into 32 int8 values with two
-//   byte shuffles, then int16 against int16 activations (vpmaddwd; the default) or fp32 (exact
-//   mode), one token at a time; the packed path dequantizes to fp32.
+// - MXFP4 / INT4_G32, one token at a time: by default each group's 16 bytes are widened to 32
+//   int16 codes against int16 activations (vpmaddwd, tile_q4_i16); exact mode turns them into
+//   int8 values with two byte shuffles, then fp32 (tile_q4). The packed path dequantizes to fp32.
 // The portable cpu_avx2::matmul (cpu_generic.inc) keeps any fp8 layout whose scale blocks are not
 // multiples of 16.
 // NaN codes of fp8 (0x7f, 0xff) decode to +-480 here (the exponent trick has no NaN); a checkpoint
@@ -190,8 +190,9 @@ __attribute__((always_inline)) inline float hsum(__m256 v) {
 // the weights decode: bf16 puts each 16 columns' 8 even ones, then the 8 odd ones (decode16's
 // order); 4-bit each 32 columns' even ones, then the odd ones (low nibbles, then high); the rest
 // keep x's order.
-// fp8's exponent route each 32 columns' elements 0, 4, .., 28, then 1, 5, .., 29, and so on
-// (fp8x32_exponent's order), times kFp8ExponentX.
+// fp8's exponent route: each 32 columns' elements 0, 4, .., 28, then 1, 5, .., 29, and so on
+// (fp8x32_exponent's order), times kFp8ExponentX. (4-bit weights in the default precision read
+// quantize_x_q4_i16's int16 copy instead.)
 enum class XOrder { plain, even_odd16, even_odd32, fp8_exponent32 };
 void prepare_x_direct(const float* x, int64_t T, int64_t K, XOrder order, float* out, int64_t Kp) {
   for (int64_t t = 0; t < T; ++t) {
@@ -520,9 +521,9 @@ template <DType D>
 constexpr float kQ4I16Unit = D == DType::MXFP4 ? 1.0f / 256.0f : 1.0f;
 
 // The scales of groups g0 .. g0 + 7 of row n times x's scales of those groups (xs8), as
-// q4_scale would give them one by one: a scalar scale per group and row took ~5 of the ~19 vector
-// ops a group cost (load, widen, move to a vector, multiply, broadcast); 8 at once and a lane
-// permute per group take ~1.5.
+// q4_scale would give them one by one: one at a time is ~5 ops per group and row (load, widen,
+// move to a vector, multiply, broadcast), 8 at once and a lane permute per group ~1.5 (measured
+// alone: +0-7%; the sign-extensions, not the scales, were what bound the tile).
 template <DType D>
 __attribute__((always_inline)) inline __m256 q4_scales8(const WeightMatrix& w, int64_t n, int64_t g0, __m256 xs8) {
   const int64_t i = n * w.groups_per_row() + g0;
@@ -865,12 +866,7 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
     const int64_t Kp = (K + 63) / 64 * 64;
     thread_local std::vector<float> xd;
     xd.resize(static_cast<size_t>(T * Kp));
-    const XOrder order = w0.dtype == DType::BF16 ? XOrder::even_odd16
-                         : w0.is_4bit()          ? XOrder::even_odd32
-                         : fp8_exponent          ? XOrder::fp8_exponent32
-                                                 : XOrder::plain;
-    prepare_x_direct(x, T, K, order, xd.data(), Kp);
-    // 4-bit weights in the default precision: x in int16 as well (exact mode keeps tile_q4)
+    // 4-bit weights in the default precision: x in int16 (exact mode keeps tile_q4 and fp32)
     thread_local std::vector<int16_t> xq;
     thread_local std::vector<float> xs;
     const bool q4_int16 = w0.is_4bit() && !precision.fp8_split;
@@ -878,6 +874,12 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
       xq.resize(static_cast<size_t>(T * Kp));
       xs.resize(static_cast<size_t>(T * (Kp / 32)));
       quantize_x_q4_i16(x, T, K, Kp, xq.data(), xs.data());
+    } else {
+      const XOrder order = w0.dtype == DType::BF16 ? XOrder::even_odd16
+                           : w0.is_4bit()          ? XOrder::even_odd32
+                           : fp8_exponent          ? XOrder::fp8_exponent32
+                                                   : XOrder::plain;
+      prepare_x_direct(x, T, K, order, xd.data(), Kp);
     }
     const int16_t* xqp = q4_int16 ? xq.data() : nullptr;
     const float* xsp = xs.data();
