@@ -72,9 +72,9 @@ std::vector<const KernelEntry*> host_matmuls(DType dtype) {
 // cpu.matmul_avx512bf16 (and its AMX twin) splits x into bf16 hi + lo for 4-bit weights when the
 // precision splits quantized weights (fp8_split) and T is within split_max_tokens; otherwise it
 // quantizes x to int16 in decode-sized calls and rounds it to bf16 in batched ones.
-// cpu.matmul_avx2fma quantizes x to int16 in its decode-sized calls (up to 4 tokens) unless the
-// precision splits quantized weights. Every other kernel is fp32-accurate.
-constexpr int64_t kAvx2Int16Tokens = 4;
+// cpu.matmul_avx2fma quantizes x to int16 in its decode-sized calls (up to 16 tokens for 4-bit
+// weights) unless the precision splits quantized weights. Every other kernel is fp32-accurate.
+constexpr int64_t kAvx2Int16Tokens = 16;
 double tolerance(const KernelEntry* k, int64_t T, const MatmulPrecision& p) {
   if (k->name == "cpu.matmul_avx2fma") return !p.fp8_split && T <= kAvx2Int16Tokens ? kInt16Dot : kExact;
   if (!testing::is_bf16_dot_matmul(k)) return kExact;

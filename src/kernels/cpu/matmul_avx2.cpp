@@ -5,7 +5,7 @@
 // default compute the same), except 4-bit decode in the default precision, whose activations are
 // quantized to int16 per 32 elements (tile_q4_i16; more accurate than rounding to bf16).
 //
-// - Decode-sized calls (T <= kDirectMaxTokens) decode the weights in registers and stream each
+// - Decode-sized calls (T <= direct_max_tokens: 4-32) decode the weights in registers and stream each
 //   byte of W from memory once: a task's rows are read in 4 lanes side by side (4 long sequential
 //   streams, each prefetched 2 KiB ahead), 1-2 tokens against each 4-row tile (fp8 and 4-bit:
 //   1; fp8 adds each 128-column partial sum times its block scale into y). bf16 becomes fp32
@@ -45,10 +45,19 @@
 namespace moat::ops::cpu_avx2_fma {
 namespace {
 
-// Calls of up to this many tokens run on the register-decoding tiles, longer ones packed. Set
-// without a sweep (session 16, Zen 3): the tiles decode every weight once per token pair (fp8 and
-// 4-bit: per token) and the panels once per call; where they cross is still to be measured.
-constexpr int64_t kDirectMaxTokens = 4;
+// Calls of up to this many tokens run on the register-decoding tiles, longer ones packed. A
+// tile reads its 4 rows from memory once and again from L1 for every token pair (fp8, 4-bit: every
+// token), decoding them each time; the packed path decodes and transposes every weight once per
+// call, which small calls cannot amortize. Swept on Zen 3 (kernel_bench, 1 thread, GFLOPS of
+// expert / projection / K3 expert shapes, tiles against packed): bf16 44-69 against 17-36 at
+// T = 5-12, 64-73 against 39-57 at 16-32, level at 48-64; fp8 on the exponent route ~30 flat
+// against 17-30 up to 8 and 31-40 at 12; 4-bit on int16 activations 34-50 against 20-23 at 8
+// and 35-38 at 16. Slower decodes (fp8 through F16C, exact 4-bit) keep the unswept 4.
+int64_t direct_max_tokens(DType dtype, bool fp8_exponent, bool q4_int16) {
+  if (dtype == DType::F8_E4M3) return fp8_exponent ? 8 : 4;
+  if (dtype == DType::MXFP4 || dtype == DType::INT4_G32) return q4_int16 ? 16 : 4;
+  return 32;
+}
 constexpr int kMR = 6;                  // packed micro-tile: tokens (broadcast from packed x)
 constexpr int kNR = 16;                 // packed micro-tile: columns (two ymm of a packed panel)
 constexpr int64_t kKC = 256;            // k per packed block: one panel is kKC x 16 fp32 = 16 KiB
@@ -860,16 +869,16 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
       return;
     }
   }
-  if (T <= kDirectMaxTokens) {
-    bool fp8_exponent = w0.dtype == DType::F8_E4M3 && fp8_decode_route() == Fp8DecodeRoute::exponent;
-    for (int64_t i = 0; i < count && fp8_exponent; ++i) fp8_exponent = ws[i]->block_in % 64 == 0;
+  bool fp8_exponent = w0.dtype == DType::F8_E4M3 && fp8_decode_route() == Fp8DecodeRoute::exponent;
+  for (int64_t i = 0; i < count && fp8_exponent; ++i) fp8_exponent = ws[i]->block_in % 64 == 0;
+  // 4-bit weights in the default precision: x in int16 (exact mode keeps tile_q4 and fp32)
+  const bool q4_int16 = w0.is_4bit() && !precision.fp8_split;
+  if (T <= direct_max_tokens(w0.dtype, fp8_exponent, q4_int16)) {
     const int64_t Kp = (K + 63) / 64 * 64;
     thread_local std::vector<float> xd;
     xd.resize(static_cast<size_t>(T * Kp));
-    // 4-bit weights in the default precision: x in int16 (exact mode keeps tile_q4 and fp32)
     thread_local std::vector<int16_t> xq;
     thread_local std::vector<float> xs;
-    const bool q4_int16 = w0.is_4bit() && !precision.fp8_split;
     if (q4_int16) {
       xq.resize(static_cast<size_t>(T * Kp));
       xs.resize(static_cast<size_t>(T * (Kp / 32)));
