@@ -40,15 +40,6 @@ namespace {
 
 inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-// f(0), ..., f(N-1) with compile-time indices, so arrays of vector accumulators indexed by them
-// become registers (a `#pragma GCC unroll` loop is unrolled too late for that: GCC then stores
-// every accumulator to the stack on every iteration).
-template <int N, typename F>
-inline void unroll(F&& f) {
-  [&]<int... I>(std::integer_sequence<int, I...>) { (f(std::integral_constant<int, I>{}), ...); }(
-      std::make_integer_sequence<int, N>{});
-}
-
 }  // namespace
 }  // namespace moat::ops
 
