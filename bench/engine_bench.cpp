@@ -5,7 +5,8 @@
 //   a decode step of B streams reads every weight outside the routed experts once, plus the
 //   experts B tokens touch (E * (1 - (1 - k/E)^B) per MoE layer under uniform routing), plus each
 //   stream's latent cache; it does B tokens' FLOPs (2 x active params + attention). Its time is
-//   the larger of bytes / bandwidth and FLOPs / bf16 peak; the roofline is B / that time.
+//   the larger of bytes / bandwidth and FLOPs / the matmul peak (bench/matmul_peak.h: AMX,
+//   vdpbf16ps or fp32 FMAs, whichever the matmuls run on); the roofline is B / that time.
 //
 //   engine_bench --model DIR [--threads N] [--concurrency 1,4,16,64] [--prompt-tokens 128]
 //                [--output-tokens 64] [--requests-per-stream 2] [--max-num-batched-tokens N] [--markdown]
@@ -21,6 +22,7 @@
 #include "base/thread_pool.h"
 #include "bench/metrics.h"
 #include "engine/engine.h"
+#include "matmul_peak.h"
 #include "roofline.h"
 
 namespace {
@@ -54,7 +56,7 @@ struct Level {
 
 double ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
-Level run_level(DeepseekModel& model, int concurrency, const Args& a, double bandwidth, double bf16_peak) {
+Level run_level(DeepseekModel& model, int concurrency, const Args& a, double bandwidth, double matmul_peak) {
   EngineConfig cfg;
   cfg.max_model_len = a.prompt_tokens + a.output_tokens;
   cfg.max_num_seqs = concurrency;
@@ -137,7 +139,7 @@ Level run_level(DeepseekModel& model, int concurrency, const Args& a, double ban
   const double bytes = model.weight_bytes_per_step(concurrency) + B * ctx * model.cache_shape().bytes_per_token();
   const double attn_flops = c.num_hidden_layers * ctx * c.num_attention_heads * 2.0 * (c.kv_cache_dim() + c.kv_lora_rank);
   const double flops = B * (2.0 * model.active_weights_per_token().params + attn_flops);
-  const double t_mem = bytes / bandwidth, t_flops = flops / bf16_peak;
+  const double t_mem = bytes / bandwidth, t_flops = flops / matmul_peak;
   L.roofline_tps = B / std::max(t_mem, t_flops);
   L.bound = t_mem >= t_flops ? "memory" : "compute";
   L.decode_step_ms = L.decode_steps ? decode_ms_sum / L.decode_steps : 0;
@@ -188,16 +190,17 @@ int main(int argc, char** argv) {
   ScopedThreadPool pool_scope(model.thread_pool());  // the roofline probes run on the model's threads
   bench::HugeBuffer<float> bw_buf((512ll << 20) / 4);
   const double bandwidth = bench::read_bandwidth_gbs(bw_buf) * 1e9;
-  const double bf16_peak = bench::bf16_peak_gflops() * 1e9;
+  const bench::MatmulPeak peak = bench::matmul_peak();
+  const double matmul_peak = peak.gflops * 1e9;
   // One untimed request of the workload's prompt length first: faults the weights in and grows the
   // forward's buffers to a whole prompt, as moat bench's warm-up requests do for moat serve. (A
   // 16-token warm-up left the first 128-token prefill of the timed run to grow them: TTFT at
   // concurrency 1 read 787 ms here against the server's 454 ms on the same workload.)
   run_level(model, 1, Args{.prompt_tokens = a.prompt_tokens, .output_tokens = 4, .requests_per_stream = 1}, bandwidth,
-            bf16_peak);
+            matmul_peak);
 
   std::vector<Level> levels;
-  for (int c : a.concurrency) levels.push_back(run_level(model, c, a, bandwidth, bf16_peak));
+  for (int c : a.concurrency) levels.push_back(run_level(model, c, a, bandwidth, matmul_peak));
   // decode-step efficiency: roofline step time over the measured pure-decode step time
   auto decode_pct = [](const Level& L) {
     return L.decode_step_ms > 0 ? 100.0 * (1000.0 * L.concurrency / L.roofline_tps) / L.decode_step_ms : 0.0;
@@ -213,8 +216,8 @@ int main(int argc, char** argv) {
                   100.0 * L.output_tps / L.roofline_tps, L.decode_step_ms, 1000.0 * L.concurrency / L.roofline_tps,
                   decode_pct(L));
   } else {
-    std::printf("%s, %d threads, prompt %ld + output %ld tokens; bandwidth %.1f GB/s, bf16 peak %.0f GFLOPS\n",
-                a.model.c_str(), a.threads, a.prompt_tokens, a.output_tokens, bandwidth / 1e9, bf16_peak / 1e9);
+    std::printf("%s, %d threads, prompt %ld + output %ld tokens; bandwidth %.1f GB/s, matmul peak %.0f GFLOPS (%s)\n",
+                a.model.c_str(), a.threads, a.prompt_tokens, a.output_tokens, bandwidth / 1e9, matmul_peak / 1e9, peak.probe);
     std::printf("%11s %8s %10s %10s %17s %17s %22s %6s %22s %6s\n", "concurrency", "requests", "out tok/s", "tok/s/strm",
                 "TTFT p50/p99 ms", "ITL p50/p99 ms", "step roofline tok/s", "%", "decode step / roof ms", "%");
     for (const Level& L : levels)

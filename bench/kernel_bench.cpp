@@ -483,7 +483,7 @@ int main(int argc, char** argv) {
       for (const Shape& s : batched) {
         if (dtype == DType::F8_E4M3 && s.N > 4096) continue;  // the lm_head stays bf16
         Weights w = make_weights(dtype, s.N, s.K, kLlcSpan);
-        for (int64_t T : {8, 16, 32, 64}) {
+        for (int64_t T : {2, 4, 8, 16, 32, 64}) {
           std::vector<float> x(static_cast<size_t>(T * s.K)), y(static_cast<size_t>(T * s.N));
           for (float& v : x) v = dist(rng);
           size_t c = 0;

@@ -42,6 +42,7 @@
 
 #include "base/thread_pool.h"
 #include "models/deepseek_v3.h"
+#include "matmul_peak.h"
 #include "roofline.h"
 
 namespace {
@@ -96,19 +97,6 @@ std::optional<std::vector<int64_t>> parse_counts(const std::string& list) {
 // token; absorbed MLA attention per (query, key) pair and head over the MLA layers (q.row over D
 // values, the latent output over kv_lora); KDA's 7 K V per token and head over the KDA layers
 // (decay, S^T k, the rank-1 update, S^T q; kernel_bench's kda rows use the same count).
-// The dot-product peak prefill's matmuls run at: AMX tiles' where the cpu backend resolves
-// bf16 matmuls to cpu.matmul_amx_bf16, else vdpbf16ps' (fp32 FMAs' on CPUs without AVX-512 BF16,
-// where cpu.matmul_avx2fma runs). GFLOPS and what was probed.
-struct MatmulPeak {
-  double gflops;
-  const char* probe;
-};
-MatmulPeak matmul_peak() {
-  const ops::Resolution r =
-      ops::Registry::global().resolve(ops::OpId::matmul, ops::Backend::cpu, ops::OpShape{.weight_dtype = DType::BF16});
-  if (r.usable() && r.kernel->name == "cpu.matmul_amx_bf16") return {bench::amx_bf16_peak_gflops(), "AMX tdpbf16ps"};
-  return {bench::matmul_peak_gflops(), bench::matmul_peak_probe()};
-}
 
 double prefill_flops(const ModelConfig& c, double active_params, int64_t n, int64_t chunk) {
   const double head = static_cast<double>(c.vocab_size) * c.hidden_size;
@@ -232,7 +220,7 @@ int main(int argc, char** argv) {
       pt.rest_s = pt.total_s - pt.kda_s - pt.mla_s;
       points.push_back(pt);
     }
-    const MatmulPeak peak = matmul_peak();
+    const bench::MatmulPeak peak = bench::matmul_peak();
     const double bf16_peak = peak.gflops * 1e9;
     const auto active = model.active_weights_per_token();
     if (!a.markdown)
@@ -306,7 +294,7 @@ int main(int argc, char** argv) {
     }
     bandwidth = bench::read_bandwidth_gbs(regions) * 1e9;
   }
-  const MatmulPeak peak = matmul_peak();
+  const bench::MatmulPeak peak = bench::matmul_peak();
   const double bf16_peak = peak.gflops * 1e9;
 
   // Bytes one decode token moves: active weights, the recurrent state read and written, the MLA

@@ -589,7 +589,7 @@ fi
   echo "Step roofline: a decode step of B streams reads every weight outside the routed experts once, the"
   echo "experts its B tokens touch (E x (1 - (1 - k/E)^B) per MoE layer: random weights route uniformly),"
   echo "and each stream's latent cache; it does B tokens' FLOPs; its time is the larger of bytes / bandwidth"
-  echo "and FLOPs / bf16 peak (both probed in the same process), and the roofline is B / that time. Prefill"
+  echo "and FLOPs / the matmul peak (AMX, vdpbf16ps or fp32 FMAs, as the matmuls run; both probed in the same process), and the roofline is B / that time. Prefill"
   echo "steps of the arriving prompts share the time, so the first % understates decode efficiency at high load;"
   echo "the last two columns take only the steps that decoded every stream and prefilled nothing: their mean"
   echo "time against the roofline step time (B / step roofline). The \`(budget 256)\` row runs 64 streams with"

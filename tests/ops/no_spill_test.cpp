@@ -70,7 +70,10 @@ std::vector<Function> disassemble(const std::string& path, std::string& error) {
 // chains that compute the same values into one, which then measures latency, not throughput).
 // prefetch: a loop with accumulating instructions must also issue prefetcht0 (the decode tiles;
 // GCC once deleted their prefetches, taking an out-of-line helper for free of side effects).
-std::vector<std::string> spills(const Function& f, int min_in_loop, bool prefetch, bool ymm) {
+// outer_stores_ok: vector stores count only in loops that hold no other loop (a tile whose k
+// loop is clean but which spills one accumulator around its per-block fold: a store and a load
+// per 128 columns against ~100 instructions of the k loop's body).
+std::vector<std::string> spills(const Function& f, int min_in_loop, bool prefetch, bool ymm, bool outer_stores_ok) {
   static const std::regex accumulate(R"(^(vdpbf16ps|vfn?m(add|sub)\d*[ps][sd]|vaddps)$)");
   static const std::regex stack_operand(R"(\(%(rsp|rbp)\b)");
   static const std::regex zmm_store(R"(^%zmm\d+,.*\()");  // AT&T: source register first
@@ -99,27 +102,41 @@ std::vector<std::string> spills(const Function& f, int min_in_loop, bool prefetc
   }
   for (size_t i = 0; i < n; ++i)
     for (size_t j : succ[i]) pred[j].push_back(i);
-  auto reach = [&](size_t from, const std::vector<std::vector<size_t>>& edges) {
+  // Every instruction reachable from `from` along `edges`, not walking on past `stop` (the loop's
+  // head: a path back through it is an enclosing loop's, not this one's).
+  auto reach = [&](size_t from, const std::vector<std::vector<size_t>>& edges, size_t stop) {
     std::vector<char> seen(n, 0);
     std::vector<size_t> todo{from};
     seen[from] = 1;
     while (!todo.empty()) {
       const size_t i = todo.back();
       todo.pop_back();
+      if (i == stop && i != from) continue;
       for (size_t j : edges[i])
         if (!seen[j]) seen[j] = 1, todo.push_back(j);
     }
     return seen;
   };
   // Each backward branch b -> t that closes a cycle: the loop is every instruction on a path from
-  // t to b (a backward jump to shared code, e.g. an epilogue, closes none and is no loop).
+  // t to b that does not pass through t again (a backward jump to shared code, e.g. an epilogue,
+  // closes none and is no loop).
   int most_in_loop = 0;
   bool prefetches = false;
   std::map<size_t, std::string> bad;  // by instruction, once however many loops hold it
+  std::vector<std::pair<size_t, size_t>> loops;  // (target, backward branch)
+  for (size_t b = 0; b < n; ++b)
+    for (size_t t : succ[b])
+      if (t <= b) loops.emplace_back(t, b);
+  auto holds_another = [&](size_t t, size_t b) {
+    return std::any_of(loops.begin(), loops.end(), [&](const auto& l) {
+      return l != std::pair<size_t, size_t>{t, b} && l.first >= t && l.second <= b;
+    });
+  };
   for (size_t b = 0; b < n; ++b)
     for (size_t t : succ[b]) {
       if (t > b) continue;
-      const std::vector<char> from_t = reach(t, succ), to_b = reach(b, pred);
+      const bool check_stores = !outer_stores_ok || !holds_another(t, b);
+      const std::vector<char> from_t = reach(t, succ, n), to_b = reach(b, pred, t);
       int accumulates = 0;
       bool prefetch_here = false;
       std::map<size_t, std::string> here;
@@ -131,7 +148,8 @@ std::vector<std::string> spills(const Function& f, int min_in_loop, bool prefetc
         prefetch_here |= in.mnemonic == "prefetcht0";
         if (acc && std::regex_search(in.operands, stack_operand))
           here[i] = show(in) + "  (operand on the stack, in the loop closed at " + show(f.insns[b]) + ")";
-        else if (in.mnemonic.rfind("vmov", 0) == 0 && std::regex_search(in.operands, ymm ? ymm_store : zmm_store))
+        else if (check_stores && in.mnemonic.rfind("vmov", 0) == 0 &&
+                 std::regex_search(in.operands, ymm ? ymm_store : zmm_store))
           here[i] = show(in) + "  (vector stored in the loop closed at " + show(f.insns[b]) + ")";
       }
       if (accumulates) bad.insert(here.begin(), here.end());
@@ -152,6 +170,7 @@ struct Hot {
   int min_in_loop = 0;     // see spills()
   bool prefetch = false;  // see spills()
   bool ymm = false;       // AVX2 code: a stored ymm register is a spill too
+  bool outer_stores_ok = false;  // see spills()
 };
 
 void check(const std::string& path, const std::vector<Hot>& hot) {
@@ -164,7 +183,7 @@ void check(const std::string& path, const std::vector<Hot>& hot) {
     for (const Hot& h : hot) {
       if (f.name.find(h.pattern) == std::string::npos) continue;
       ++seen[h.pattern];
-      const auto problems = spills(f, h.min_in_loop, h.prefetch, h.ymm);
+      const auto problems = spills(f, h.min_in_loop, h.prefetch, h.ymm, h.outer_stores_ok);
       for (const auto& p : problems) ADD_FAILURE() << f.name << "\n  " << p;
       bad += !problems.empty();
     }
@@ -208,8 +227,9 @@ TEST(NoSpill, HotKernelsKeepAccumulatorsInRegisters) {
                           // MXFP4 and INT4_G32 decode tiles, 1-4 rows: fp32 (exact) and int16 activations
                           {"cpu_avx2_fma::(anonymous namespace)::tile_q4<", 8, 0, true, true},
                           {"cpu_avx2_fma::(anonymous namespace)::tile_q4_i16<", 8, 0, true, true},
-                          // fp8 on the exponent route (AMD), 1-4 rows
-                          {"cpu_avx2_fma::(anonymous namespace)::tile_fp8_exponent<", 4, 0, true, true},
+                          // fp8 on the exponent route (AMD), 1-4 rows x 1-2 tokens (4 rows x 2
+                          // tokens keep 8 accumulators and spill one around the block fold)
+                          {"cpu_avx2_fma::(anonymous namespace)::tile_fp8_exponent<", 8, 0, true, true, true},
                           {"moat::bench::dpbf16_loop", 1, 16},
                           {"moat::bench::fma_loop(", 1, 16},
                           {"moat::bench::fma_loop_avx2(", 1, 12, false, true},

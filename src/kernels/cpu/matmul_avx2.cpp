@@ -7,12 +7,13 @@
 //
 // - Decode-sized calls (T <= direct_max_tokens: 4-32) decode the weights in registers and stream each
 //   byte of W from memory once: a task's rows are read in 4 lanes side by side (4 long sequential
-//   streams, each prefetched 2 KiB ahead), 1-2 tokens against each 4-row tile (fp8 and 4-bit:
-//   1; fp8 adds each 128-column partial sum times its block scale into y). bf16 becomes fp32
-//   with one shift (even elements) and one mask (odd elements), so x is stored evens-then-odds
-//   per 16 columns; fp8 becomes fp16 with a sign-extend, a shift and a mask (e4m3 and fp16 differ
-//   only in the exponent bias, 2^8, which rides on the block scale; subnormals stay exact), then
-//   F16C converts it.
+//   streams, each prefetched 2 KiB ahead), 1-2 tokens against each 4-row tile (F16C fp8 and
+//   4-bit: 1; fp8 adds each 128-column partial sum times its block scale into y). bf16 becomes
+//   fp32 with one shift (even elements) and one mask (odd elements), so x is stored evens-then-odds
+//   per 16 columns; fp8 becomes fp32 by integer shifts and masks into fp32's exponent field
+//   (fp8x32_exponent; AMD's default) or fp16 with a sign-extend, a shift and a mask (e4m3 and fp16
+//   differ only in the exponent bias, 2^8, which rides on the block scale; subnormals stay exact),
+//   then F16C converts it.
 // - Longer calls (batched decode, verification, prefill) are a packed GEMM: W is decoded to fp32
 //   and transposed 64 columns x 256 k at a time (pack_panel: 16-column panels of 16 KiB, in L1
 //   beside x's 6 KiB), x is packed once per call as [T / 6][K][6], and the micro-kernel keeps a
@@ -46,15 +47,16 @@ namespace moat::ops::cpu_avx2_fma {
 namespace {
 
 // Calls of up to this many tokens run on the register-decoding tiles, longer ones packed. A
-// tile reads its 4 rows from memory once and again from L1 for every token pair (fp8, 4-bit: every
-// token), decoding them each time; the packed path decodes and transposes every weight once per
-// call, which small calls cannot amortize. Swept on Zen 3 (kernel_bench, 1 thread, GFLOPS of
+// tile reads its 4 rows from memory once and again from L1 for every token pair (F16C fp8, 4-bit:
+// every token), decoding them each time; the packed path decodes and transposes every weight once
+// per call, which small calls cannot amortize. Swept on Zen 3 (kernel_bench, 1 thread, GFLOPS of
 // expert / projection / K3 expert shapes, tiles against packed): bf16 44-69 against 17-36 at
-// T = 5-12, 64-73 against 39-57 at 16-32, level at 48-64; fp8 on the exponent route ~30 flat
-// against 17-30 up to 8 and 31-40 at 12; 4-bit on int16 activations 34-50 against 20-23 at 8
-// and 35-38 at 16. Slower decodes (fp8 through F16C, exact 4-bit) keep the unswept 4.
+// T = 5-12, 64-73 against 39-57 at 16-32, level at 48-64; fp8 on the exponent route (2-token
+// tiles) 42-44 flat against 18-39 at T = 10-14, level at 16, 31-43 against 44-56 at 32; 4-bit on
+// int16 activations 34-50 against 20-23 at 8 and 35-38 at 16. Slower decodes (fp8 through F16C,
+// exact 4-bit) keep the unswept 4.
 int64_t direct_max_tokens(DType dtype, bool fp8_exponent, bool q4_int16) {
-  if (dtype == DType::F8_E4M3) return fp8_exponent ? 8 : 4;
+  if (dtype == DType::F8_E4M3) return fp8_exponent ? 16 : 4;
   if (dtype == DType::MXFP4 || dtype == DType::INT4_G32) return q4_int16 ? 16 : 4;
   return 32;
 }
@@ -393,40 +395,66 @@ void tile_q4(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, float* y) 
   for (int r = 0; r < NR; ++r) y[r * rs] = hsum(acc[r]);
 }
 
-// fp8 on the exponent route, one token: per 32 columns each row's 32 codes become 4 fp32 vectors
-// (fp8x32_exponent), 4 FMAs into the row's 2 accumulators; each 128-column block's sums times
-// the block scale go to y, as in tile_direct.
-template <int NR>
+// fp8 on the exponent route: per 32 columns each row's 32 codes become 4 fp32 vectors
+// (fp8x32_exponent), 4 FMAs per token; each 128-column block's sums times the block scale go to
+// y, as in tile_direct. One token keeps 2 accumulators per row (a single chain of 4 dependent
+// FMAs per step would bound it by FMA latency); two tokens decode each code once for both (the
+// decode is most of the work: the 1-token tile re-decoded every weight per token, so batched fp8
+// decode was compute-bound at T x the one-token time) and have 8 chains in one accumulator each.
+template <int NR, int NT>
 void tile_fp8_exponent(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, float* y) {
+  static_assert(NT == 1 || NT == 2);
+  constexpr int kChains = NT == 1 ? 2 : 1;
   const WeightMatrix& w = *a.w;
-  const float* x = a.x + t0 * a.Kp;
+  const int64_t Kp = a.Kp, N = w.out_features;
+  const float* x = a.x + t0 * Kp;
   const int64_t K = w.in_features, block = w.block_in;  // block: a multiple of 64 (matmul_impl)
   const uint8_t* rows[NR];
   const float* scale_rows[NR];
-  __m256 acc[NR][2];
+  __m256 acc[NR][NT][kChains];
 #pragma GCC unroll 4
   for (int r = 0; r < NR; ++r) {
     rows[r] = static_cast<const uint8_t*>(w.data) + (n0 + r * rs) * K;
     scale_rows[r] = w.scale_inv + ((n0 + r * rs) / w.block_out) * w.scale_cols();
-    y[r * rs] = 0.0f;
-    acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+#pragma GCC unroll 2
+    for (int t = 0; t < NT; ++t) {
+      y[t * N + r * rs] = 0.0f;
+#pragma GCC unroll 2
+      for (int c = 0; c < kChains; ++c) acc[r][t][c] = _mm256_setzero_ps();
+    }
   }
   auto step = [&](const uint8_t* const* src, const float* xk) __attribute__((always_inline)) {
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
       __m256 v[4];
       fp8x32_exponent(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src[r])), v);
-      acc[r][0] = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(xk), acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(xk + 8), acc[r][1]);
-      acc[r][0] = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(xk + 16), acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xk + 24), acc[r][1]);
+      // each decoded vector into every token before the next: 4 live at once would spill beside
+      // 8 accumulators
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+#pragma GCC unroll 2
+        for (int t = 0; t < NT; ++t)
+          acc[r][t][j % kChains] = _mm256_fmadd_ps(v[j], _mm256_loadu_ps(xk + t * Kp + 8 * j), acc[r][t][j % kChains]);
+      }
     }
   };
   auto fold = [&](int64_t kb) __attribute__((always_inline)) {
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
-      y[r * rs] += hsum(_mm256_add_ps(acc[r][0], acc[r][1])) * (scale_rows[r][kb / block] * kFp8ExponentScale);
-      acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+      const float scale = scale_rows[r][kb / block] * kFp8ExponentScale;
+      if constexpr (NT == 1) {
+        y[r * rs] += hsum(_mm256_add_ps(acc[r][0][0], acc[r][0][1])) * scale;
+      } else {  // both tokens' sums in one reduction: [t0, t1, t0, t1] (fewer temporaries beside 8 accumulators)
+        const __m256 h = _mm256_hadd_ps(acc[r][0][0], acc[r][1][0]);
+        __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        q = _mm_hadd_ps(q, q);
+        y[r * rs] += _mm_cvtss_f32(q) * scale;
+        y[N + r * rs] += _mm_cvtss_f32(_mm_movehdup_ps(q)) * scale;
+      }
+#pragma GCC unroll 2
+      for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 2
+        for (int c = 0; c < kChains; ++c) acc[r][t][c] = _mm256_setzero_ps();
     }
   };
   const int64_t k_whole = K / 64 * 64;
@@ -626,7 +654,7 @@ constexpr auto kDirectQ4I16 = q4_i16_tiles<D>(std::make_integer_sequence<int, 4>
 
 template <int... R>
 constexpr std::array<std::array<DirectTile, 2>, 4> fp8_exponent_tiles(std::integer_sequence<int, R...>) {
-  return {{{&tile_fp8_exponent<R + 1>, nullptr}...}};
+  return {{{&tile_fp8_exponent<R + 1, 1>, &tile_fp8_exponent<R + 1, 2>}...}};
 }
 constexpr auto kDirectFp8Exponent = fp8_exponent_tiles(std::make_integer_sequence<int, 4>{});
 
@@ -649,7 +677,7 @@ void run_direct(const DirectArgs& a, int64_t T, int64_t begin, int64_t end) {
                      : a.w->dtype == DType::MXFP4 ? kDirectQ4I16<DType::MXFP4>
                                                 : kDirectQ4I16<DType::INT4_G32>;
   const int64_t N = a.w->out_features;
-  const int64_t tokens_per_tile = tiles[0][1] != nullptr ? 2 : 1;  // fp8 and 4-bit tiles take one
+  const int64_t tokens_per_tile = tiles[0][1] != nullptr ? 2 : 1;  // F16C fp8 and 4-bit tiles take one
   auto tile = [&](int64_t n0, int64_t nr, int64_t rs) {
     for (int64_t t = 0; t < T;) {
       const int64_t nt = std::min(tokens_per_tile, T - t);
