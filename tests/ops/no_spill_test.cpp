@@ -220,7 +220,7 @@ TEST(NoSpill, HotKernelsKeepAccumulatorsInRegisters) {
                           {"cpu_avx512bf16::(anonymous namespace)::tile_bf16<4, 1, ", 2, 0, true},
                           {"cpu_avx512bf16::(anonymous namespace)::tile_bf16<4, 2, ", 2, 0, true},
                           // AVX2 (matmul_avx2.cpp): the register-decoding tiles (bf16, f16, f32: 1-4
-                          // rows x 1-2 tokens; fp8: 1-4 rows x 1 token) prefetch their rows; the
+                          // rows x 1-2 tokens; fp8 through F16C: 1-4 rows x 1 token) prefetch their rows; the
                           // packed 6 x 16 micro-kernels
                           {"cpu_avx2_fma::(anonymous namespace)::tile_direct<", 28, 0, true, true},
                           {"cpu_avx2_fma::(anonymous namespace)::micro_kernel<", 6, 0, false, true},
