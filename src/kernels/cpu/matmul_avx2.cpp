@@ -444,7 +444,7 @@ void tile_fp8_exponent(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, 
       const float scale = scale_rows[r][kb / block] * kFp8ExponentScale;
       if constexpr (NT == 1) {
         y[r * rs] += hsum(_mm256_add_ps(acc[r][0][0], acc[r][0][1])) * scale;
-      } else {  // both tokens' sums in one reduction: [t0, t1, t0, t1] (fewer temporaries beside 8 accumulators)
+      } else {  // both tokens' sums in one reduction: [t0, t1, t0, t1]
         const __m256 h = _mm256_hadd_ps(acc[r][0][0], acc[r][1][0]);
         __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
         q = _mm_hadd_ps(q, q);
