@@ -722,20 +722,25 @@ __attribute__((always_inline)) inline void transpose8(__m256 r[8]) {
   r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
-// pack_panel (below) for 4-bit weights: each 8 elements times their group's scale.
-template <DType D>
+// pack_panel (below) for 4-bit weights: each 8 elements times their group's scale. kFull: all 16
+// columns (the rows unrolled, the block in registers; a per-row check kept it on the stack).
+template <DType D, bool kFull>
 void pack_panel_q4(const WeightMatrix& w, int64_t c0, int64_t cols, int64_t k0, int64_t kc, float* dst) {
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
   const int64_t row_bytes = w.in_features / 2;
   for (int64_t k = 0; k < kc; k += 8) {  // kc is a multiple of 32: so is K
+#pragma GCC unroll 2
     for (int half = 0; half < 2; ++half) {
       __m256 r[8];
+#pragma GCC unroll 8
       for (int i = 0; i < 8; ++i) {
         const int64_t c = half * 8 + i;
-        r[i] = c < cols ? decode8_q4<D>(base + (c0 + c) * row_bytes + (k0 + k) / 2, q4_scale<D>(w, c0 + c, (k0 + k) / 32))
-                        : _mm256_setzero_ps();
+        r[i] = kFull || c < cols
+                   ? decode8_q4<D>(base + (c0 + c) * row_bytes + (k0 + k) / 2, q4_scale<D>(w, c0 + c, (k0 + k) / 32))
+                   : _mm256_setzero_ps();
       }
       transpose8(r);
+#pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) _mm256_storeu_ps(dst + (k + j) * kNR + half * 8, r[j]);
     }
   }
@@ -788,7 +793,10 @@ __attribute__((noinline)) void pack_panel_edge(const WeightMatrix& w, int64_t c0
 template <DType D>
 void pack_panel(const WeightMatrix& w, int64_t c0, int64_t cols, int64_t k0, int64_t kc, float* dst) {
   if constexpr (is_q4<D>()) {
-    pack_panel_q4<D>(w, c0, cols, k0, kc, dst);
+    if (cols == kNR)
+      pack_panel_q4<D, true>(w, c0, cols, k0, kc, dst);
+    else
+      pack_panel_q4<D, false>(w, c0, cols, k0, kc, dst);
     return;
   }
   if (cols < kNR) {
