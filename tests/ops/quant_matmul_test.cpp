@@ -72,11 +72,12 @@ std::vector<const KernelEntry*> host_matmuls(DType dtype) {
 // cpu.matmul_avx512bf16 (and its AMX twin) splits x into bf16 hi + lo for 4-bit weights when the
 // precision splits quantized weights (fp8_split) and T is within split_max_tokens; otherwise it
 // quantizes x to int16 in decode-sized calls and rounds it to bf16 in batched ones.
-// cpu.matmul_avx2fma quantizes x to int16 in its decode-sized calls (up to 16 tokens for 4-bit
-// weights) unless the precision splits quantized weights. Every other kernel is fp32-accurate.
-constexpr int64_t kAvx2Int16Tokens = 16;
-double tolerance(const KernelEntry* k, int64_t T, const MatmulPrecision& p) {
-  if (k->name == "cpu.matmul_avx2fma") return !p.fp8_split && T <= kAvx2Int16Tokens ? kInt16Dot : kExact;
+// cpu.matmul_avx2fma quantizes x to int16 in its decode-sized calls (up to 10 tokens for MXFP4,
+// 12 for INT4_G32) unless the precision splits quantized weights; longer calls are fp32-accurate.
+// Every other kernel is fp32-accurate.
+int64_t avx2_int16_tokens(DType dtype) { return dtype == DType::MXFP4 ? 10 : 12; }
+double tolerance(const KernelEntry* k, DType dtype, int64_t T, const MatmulPrecision& p) {
+  if (k->name == "cpu.matmul_avx2fma") return !p.fp8_split && T <= avx2_int16_tokens(dtype) ? kInt16Dot : kExact;
   if (!testing::is_bf16_dot_matmul(k)) return kExact;
   if (p.fp8_split && T <= p.split_max_tokens) return kExact;
   return T <= kInt16Tokens ? kInt16Dot : kBf16Dot;
@@ -200,7 +201,7 @@ TEST(QuantFixture, EveryHostMatmulKernelMatchesTheNumpyProduct) {
           std::vector<float> out(static_cast<size_t>(t * N), NAN);
           fn_of<MatmulFn>(k)(x.data(), t, w, out.data(), prec);
           const std::vector<float> ref(want.begin(), want.begin() + t * N);
-          EXPECT_LE(per_row_error(out, ref, wf, x, t, N, K), tolerance(k, t, prec))
+          EXPECT_LE(per_row_error(out, ref, wf, x, t, N, K), tolerance(k, dtype, t, prec))
               << k->name << " " << dtype_name(dtype) << " T=" << t << " fp8_split=" << prec.fp8_split;
         }
   }
@@ -251,7 +252,7 @@ TEST(QuantMatmul, EveryHostKernelMatchesReference) {
       std::vector<float> wf(static_cast<size_t>(s.N * s.K));  // decoded, for per_row_error's scale
       for (int64_t r = 0; r < s.N; ++r)
         for (int64_t c = 0; c < s.K; ++c) wf[r * s.K + c] = q.w.at(r, c);
-      for (int64_t T : {1, 2, 3, 4, 5, 8, 11, 12, 16, 17, 64}) {
+      for (int64_t T : {1, 2, 3, 4, 5, 8, 10, 11, 12, 13, 16, 17, 64}) {
         const auto x = randn(static_cast<size_t>(T * s.K), rng);
         std::vector<float> ref(static_cast<size_t>(T * s.N));
         fn_of<MatmulFn>(kernels[0])(x.data(), T, q.w, ref.data(), MatmulPrecision::exact());
@@ -261,7 +262,7 @@ TEST(QuantMatmul, EveryHostKernelMatchesReference) {
             fn_of<MatmulFn>(k)(x.data(), T, q.w, out.data(), prec);
             // per row against the size of its products: one or five outputs of 32 products can
             // cancel to near zero, which max|ref| would divide by
-            EXPECT_LE(per_row_error(out, ref, wf, x, T, s.N, s.K), tolerance(k, T, prec))
+            EXPECT_LE(per_row_error(out, ref, wf, x, T, s.N, s.K), tolerance(k, dtype, T, prec))
                 << k->name << " " << dtype_name(dtype) << " N=" << s.N << " K=" << s.K << " T=" << T
                 << " fp8_split=" << prec.fp8_split;
           }

@@ -5,7 +5,7 @@
 // default compute the same), except 4-bit decode in the default precision, whose activations are
 // quantized to int16 per 32 elements (tile_q4_i16; more accurate than rounding to bf16).
 //
-// - Decode-sized calls (T <= direct_max_tokens: 4-32) decode the weights in registers and stream each
+// - Decode-sized calls (T <= direct_max_tokens: 4-20) decode the weights in registers and stream each
 //   byte of W from memory once: a task's rows are read in 4 lanes side by side (4 long sequential
 //   streams, each prefetched 2 KiB ahead), 1-2 tokens against each 4-row tile (F16C fp8 and
 //   4-bit: 1; fp8 adds each 128-column partial sum times its block scale into y). bf16 becomes
@@ -48,17 +48,20 @@ namespace {
 
 // Calls of up to this many tokens run on the register-decoding tiles, longer ones packed. A
 // tile reads its 4 rows from memory once and again from L1 for every token pair (F16C fp8, 4-bit:
-// every token), decoding them each time; the packed path decodes and transposes every weight once
-// per call, which small calls cannot amortize. Swept on Zen 3 (kernel_bench, 1 thread, GFLOPS of
-// expert / projection / K3 expert shapes, tiles against packed): bf16 44-69 against 17-36 at
-// T = 5-12, 64-73 against 39-57 at 16-32, level at 48-64; fp8 on the exponent route (2-token
-// tiles) 42-44 flat against 18-39 at T = 10-14, level at 16, 31-43 against 44-56 at 32; 4-bit on
-// int16 activations 34-50 against 20-23 at 8 and 35-38 at 16. Slower decodes (fp8 through F16C,
-// exact 4-bit) keep the unswept 4.
+// every token), decoding them each time, so its rate is flat in T; the packed path decodes and
+// transposes every weight once per call, which small calls cannot amortize. Swept on Zen 3
+// (2026-12-03, best of ~0.6 s of calls, 2816 x 2048 and 2048 x 1408, cache-cold weights, GFLOPS
+// at 1 / 2 threads, tiles against packed): bf16 66-72 / 110-117 flat against 56-64 / 113-122 at
+// T = 16 and 64-72 / 122-138 at 20-24; fp8 on the exponent route 44-46 / 84-90 against 48-51 /
+// 90-101 at 10; MXFP4 40-42 / 78-81 against 41 / 79-82 at 10; INT4 48-50 / 92-96 against 45-47 /
+// 88-91 at 12 and 52-55 / 102 at 16. (Before the packed panels were built in registers the
+// crossovers sat at 32 / 16 / 16 / 16.) Slower decodes (fp8 through F16C, exact 4-bit) keep the
+// unswept 4.
 int64_t direct_max_tokens(DType dtype, bool fp8_exponent, bool q4_int16) {
-  if (dtype == DType::F8_E4M3) return fp8_exponent ? 16 : 4;
-  if (dtype == DType::MXFP4 || dtype == DType::INT4_G32) return q4_int16 ? 16 : 4;
-  return 32;
+  if (dtype == DType::F8_E4M3) return fp8_exponent ? 10 : 4;
+  if (dtype == DType::MXFP4) return q4_int16 ? 10 : 4;
+  if (dtype == DType::INT4_G32) return q4_int16 ? 12 : 4;
+  return 20;
 }
 constexpr int kMR = 6;                  // packed micro-tile: tokens (broadcast from packed x)
 constexpr int kNR = 16;                 // packed micro-tile: columns (two ymm of a packed panel)
