@@ -17,7 +17,7 @@
 #
 # Environment: LLAMA_CPP_DIR (required), LLAMA_BENCH (default $LLAMA_CPP_DIR/build/bin/llama-bench),
 #   BUILD_DIR=build, THREADS=1,2, PEER_PROMPT=512 (prefill tokens), PEER_GEN=128 (decode tokens:
-#   llama-bench -n, model_bench --decode-tokens), PEER_REPS=5 (llama-bench -r), BF16_MODEL=checkpoints/bench,
+#   llama-bench -n, model_bench --decode-tokens), PEER_REPS=5 (llama-bench -r, model_bench --repetitions), BF16_MODEL=checkpoints/bench,
 #   FP8_MODEL=checkpoints/bench-fp8 (FP8_MODEL= skips the FP8 rows), GGUF_DIR=checkpoints/gguf,
 #   LLAMA_BENCH_ARGS (extra llama-bench flags), LLAMA_BENCH_FP8_ARGS (more, for the Q8_0 run only: e.g.
 #   `-nr 1`, where llama.cpp's AMX buffers abort on deepseek2's Q8_0 weights), MOAT_ARGS (extra model_bench flags, e.g. --exact),
@@ -99,7 +99,7 @@ run_pair() {  # run_pair KIND CHECKPOINT GGUF
     echo "peer: $kind, $t thread(s): moat model_bench" >&2
     # shellcheck disable=SC2086
     "$BUILD_DIR/model_bench" --model "$model" --threads "$t" --prompt-tokens "$PEER_PROMPT" \
-      --decode-tokens "$PEER_GEN" $MOAT_ARGS >"$log_dir/moat.out" 2>"$log_dir/moat.err" ||
+      --decode-tokens "$PEER_GEN" --repetitions "$PEER_REPS" $MOAT_ARGS >"$log_dir/moat.out" 2>"$log_dir/moat.err" ||
       { cat "$log_dir/moat.err" >&2; echo "peer: model_bench failed" >&2; return 1; }
     "$PYTHON" - "$kind" "$t" "$PEER_PROMPT" "$log_dir/moat.out" >>"$results" <<'PY' || { cat "$log_dir/moat.out" >&2; return 1; }
 import re, sys
@@ -109,7 +109,10 @@ pre = re.search(r"prefill (\d+) tokens: ([\d.]+) tok/s", text)
 dec = re.search(r"decode: ([\d.]+) tok/s", text)
 if not pre or not dec or pre.group(1) != p:
     sys.exit(f"peer: cannot read prefill {p} / decode tok/s in model_bench's output")
-print(kind, "moat", t, pre.group(2), "-", dec.group(1), "-")
+# the range of the repetitions, as llama.cpp's cells show theirs (weights mmapped: model_bench's default)
+spread = re.search(r"median of \d+ repetitions: prefill ([\d.]+-[\d.]+) tok/s, decode ([\d.]+-[\d.]+) tok/s", text)
+pre_sd, dec_sd = (spread.group(1) + ",mmap", spread.group(2) + ",mmap") if spread else ("-", "-")
+print(kind, "moat", t, pre.group(2), pre_sd, dec.group(1), dec_sd)
 PY
     echo "peer: $kind, $t thread(s): llama-bench" >&2
     # shellcheck disable=SC2086
@@ -182,7 +185,7 @@ for line in open(results):
 b = json.load(open(build))
 threads = [int(t) for t in threads.split(",")]
 label = {"bf16": "bf16", "fp8": "FP8 (moat) vs Q8_0 (llama.cpp)"}
-def cell(v, sd):  # sd: "-" (moat: one measurement) or "min-max,load mode" (llama.cpp: median of the reps)
+def cell(v, sd):  # sd: "-" (one measurement) or "min-max,load mode" (the median of the reps)
     if sd == "-":
         return f"{v:.1f}"
     spread, mode = sd.split(",")
@@ -203,7 +206,7 @@ fa = {-1: "auto", 0: "off", 1: "on"}.get(b.get("flash_attn"), b.get("flash_attn"
 print(f"llama.cpp {version} (ggml {ggml_version}, commit {commit}; backend {b.get('backends')}, cpu_info "
       f"{b.get('cpu_info')!r}), measured by {tool}: `llama-bench -p {p} -n {n} -r {reps} -t T -lm {load_modes}{(' ' + lb_args) if lb_args else ''}` "
       f"(median of {reps} repetitions (min-max, the load mode that did best); n_batch {b.get('n_batch')}, n_ubatch {b.get('n_ubatch')}, flash attention {fa}, "
-      f"KV cache {b.get('type_k')}{('; the Q8_0 rows with ' + fp8_args) if fp8_args else ''}). moat: `model_bench --prompt-tokens {p} --decode-tokens {n}"
-      f"{(' ' + moat_args) if moat_args else ''}` (one measurement; decode after the {p}-token prompt, llama-bench's "
+      f"KV cache {b.get('type_k')}{('; the Q8_0 rows with ' + fp8_args) if fp8_args else ''}). moat: `model_bench --prompt-tokens {p} --decode-tokens {n} --repetitions {reps}"
+      f"{(' ' + moat_args) if moat_args else ''}` (median of {reps} repetitions (min-max), weights mmapped; decode after the {p}-token prompt, llama-bench's "
       f"tg{n} from an empty cache).")
 PY

@@ -24,7 +24,10 @@
 // timestamps at each layer's output (a layer's time is its attention plus its MLP / MoE). A
 // linear-attention layer's time per token is flat in N; an MLA layer's grows with N.
 //
-//   model_bench --model DIR [--threads N] [--prompt-tokens 512] [--decode-tokens 32] [--exact]
+// --repetitions N: the prefill and the decode run N times each (after the untimed ones): the rows
+// give the median, the readable summary also the range (llama-bench -r N reports the same way).
+//
+//   model_bench --model DIR [--threads N] [--prompt-tokens 512] [--decode-tokens 32] [--repetitions 1] [--exact]
 //               [--weights-in-memory] [--markdown] [--decode-bytes]
 //               [--contexts 1024,8192] [--prefill-chunk 2048]
 #include <sys/resource.h>
@@ -60,6 +63,7 @@ struct Args {
   int threads = 1;
   int64_t prompt_tokens = 512;
   int64_t decode_tokens = 32;
+  int64_t repetitions = 1;  // prefill and decode timed this many times each: the median, and the range
   bool exact = false;  // OpTable::set_exact_activations
   bool weights_in_memory = false;
   bool markdown = false;
@@ -128,6 +132,7 @@ int main(int argc, char** argv) {
     else if (s == "--threads") a.threads = std::stoi(next());
     else if (s == "--prompt-tokens") a.prompt_tokens = std::stoll(next());
     else if (s == "--decode-tokens") a.decode_tokens = std::stoll(next());
+    else if (s == "--repetitions") a.repetitions = std::stoll(next());
     else if (s == "--exact") a.exact = true;
     else if (s == "--weights-in-memory") a.weights_in_memory = true;
     else if (s == "--markdown") a.markdown = true;
@@ -144,12 +149,16 @@ int main(int argc, char** argv) {
       a.contexts = *counts;
     } else if (s == "--prefill-chunk") a.prefill_chunk = std::stoll(next());
     else {
-      std::fprintf(stderr, "usage: model_bench --model DIR [--threads N] [--prompt-tokens N] [--decode-tokens N] [--exact] [--weights-in-memory] [--markdown] [--decode-bytes] [--profile] [--contexts N1,N2,...] [--prefill-chunk N]\n");
+      std::fprintf(stderr, "usage: model_bench --model DIR [--threads N] [--prompt-tokens N] [--decode-tokens N] [--repetitions N] [--exact] [--weights-in-memory] [--markdown] [--decode-bytes] [--profile] [--contexts N1,N2,...] [--prefill-chunk N]\n");
       return 2;
     }
   }
   if (a.prefill_chunk <= 0) {
     std::fprintf(stderr, "--prefill-chunk: expected a positive token count\n");
+    return 2;
+  }
+  if (a.repetitions <= 0 || a.decode_tokens <= 0) {
+    std::fprintf(stderr, "--repetitions and --decode-tokens: expected positive counts\n");
     return 2;
   }
   constexpr int64_t kWarmupDecodeSteps = 4;
@@ -251,16 +260,20 @@ int main(int argc, char** argv) {
     reset_state();
     model.forward(cache, prompt, 0, logits.data());
   };
-  // The first prefill faults the mmapped weights in; the second is the measurement.
+  // The first prefill faults the mmapped weights in; the next --repetitions are the measurement.
   prefill();
   ops::OpProfile prefill_profile;
   if (a.profile) model.set_op_profile(&prefill_profile);
-  const auto p0 = std::chrono::steady_clock::now();
-  prefill();
-  const double prefill_s = bench::seconds_since(p0);
+  std::vector<double> prefill_runs_s;
+  for (int64_t r = 0; r < a.repetitions; ++r) {
+    const auto p0 = std::chrono::steady_clock::now();
+    prefill();
+    prefill_runs_s.push_back(bench::seconds_since(p0));
+  }
   model.set_op_profile(nullptr);
 
-  int32_t next_token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  const int32_t first_token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  int32_t next_token = first_token;
   int64_t position = a.prompt_tokens;
   auto decode_step = [&] {
     model.forward(cache, std::span<const int32_t>(&next_token, 1), static_cast<int32_t>(position++), logits.data());
@@ -271,10 +284,31 @@ int main(int argc, char** argv) {
   for (int64_t n = 0; n < kWarmupDecodeSteps; ++n) decode_step();
   ops::OpProfile profile;
   if (a.profile) model.set_op_profile(&profile);
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int64_t n = 0; n < a.decode_tokens; ++n) decode_step();
-  const double decode_s = bench::seconds_since(t0) / static_cast<double>(a.decode_tokens);
+  // Each repetition decodes the same positions again after the prompt and warm-up (their latent
+  // rows are overwritten; a hybrid model's recurrent state runs on, which costs the same), as
+  // llama-bench's tg repetitions each start over.
+  std::vector<double> decode_runs_s;  // seconds per token
+  for (int64_t r = 0; r < a.repetitions; ++r) {
+    position = a.prompt_tokens + kWarmupDecodeSteps;
+    next_token = first_token;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t n = 0; n < a.decode_tokens; ++n) decode_step();
+    decode_runs_s.push_back(bench::seconds_since(t0) / static_cast<double>(a.decode_tokens));
+  }
   model.set_op_profile(nullptr);
+  // median (the upper one of an even count: the slower) and the range, as llama-bench reports
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double prefill_s = median(prefill_runs_s), decode_s = median(decode_runs_s);
+  const auto [prefill_fast, prefill_slow] = std::minmax_element(prefill_runs_s.begin(), prefill_runs_s.end());
+  const auto [decode_fast, decode_slow] = std::minmax_element(decode_runs_s.begin(), decode_runs_s.end());
+  // The profiles cover every repetition: their shares are of the runs' total time.
+  const double decoded = static_cast<double>(a.decode_tokens * a.repetitions);
+  double prefill_total_s = 0, decode_total_s = 0;
+  for (double t : prefill_runs_s) prefill_total_s += t;
+  for (double t : decode_runs_s) decode_total_s += t * static_cast<double>(a.decode_tokens);
   const double rss = peak_rss_mib();
   const auto pages = model.checkpoint().page_stats();
   const double huge_pct = 100.0 * static_cast<double>(pages.huge) / static_cast<double>(std::max<size_t>(1, pages.resident));
@@ -318,13 +352,13 @@ int main(int argc, char** argv) {
   const double ckpt_mib = model.checkpoint().total_bytes() / 1048576.0, kv_mib = cache.pages.bytes() / 1048576.0;
 
   // per decode token: ms, and for kinds that stream weights GB/s and % of the bandwidth
-  auto kind_ms = [&](ops::OpProfile::Kind k) { return 1e3 * profile.buckets[k].seconds / a.decode_tokens; };
+  auto kind_ms = [&](ops::OpProfile::Kind k) { return 1e3 * profile.buckets[k].seconds / decoded; };
   auto kind_gbs = [&](ops::OpProfile::Kind k) {
     const auto& b = profile.buckets[k];
     return b.seconds > 0 ? b.weight_bytes / b.seconds / 1e9 : 0.0;
   };
   auto kind_share = [&](ops::OpProfile::Kind k) { return 100 * kind_gbs(k) * 1e9 / bandwidth; };
-  const double rest_ms = 1e3 * decode_s - 1e3 * profile.seconds() / a.decode_tokens;
+  const double rest_ms = 1e3 * (decode_total_s - profile.seconds()) / decoded;
   if (a.markdown && a.profile) {
     // | model | threads | decode tok/s | ms / token | matmul ms (GB/s, % of bandwidth) | routed experts ms (GB/s,
     // %) | per-head matmul ms | MLA attention ms | KDA ms | rest ms |
@@ -365,6 +399,10 @@ int main(int argc, char** argv) {
     std::printf("  decode: %.2f tok/s, roofline %.2f tok/s (%.0f%%): %.1f GB/s moved, %.0f%% of the measured bandwidth\n",
                 decode_tps, decode_roof_tps, 100 * decode_tps / decode_roof_tps, decode_tps * decode_bytes / 1e9,
                 100 * decode_tps * decode_bytes / bandwidth);
+    if (a.repetitions > 1)
+      std::printf("  median of %lld repetitions: prefill %.1f-%.1f tok/s, decode %.1f-%.1f tok/s\n",
+                  static_cast<long long>(a.repetitions), a.prompt_tokens / *prefill_slow, a.prompt_tokens / *prefill_fast,
+                  1.0 / *decode_slow, 1.0 / *decode_fast);
     std::printf("  peak RSS %.0f MiB; checkpoint %.0f MiB + KV %.0f MiB (ratio %.2f)\n", rss, ckpt_mib, kv_mib,
                 rss / (ckpt_mib + kv_mib));
     if (a.profile) {
@@ -384,10 +422,11 @@ int main(int argc, char** argv) {
         std::printf("    %-16s %7.2f ms (norms, routing, residuals, embedding, argmax)\n", "rest",
                     1e3 * (total_s - prof.seconds()) / per);
       };
-      std::printf("  prefill time by kind of op (%.1f ms in all):\n", 1e3 * prefill_s);
-      print_profile(prefill_profile, prefill_s, 1.0);
-      std::printf("  decode time per token by kind of op (%.2f ms in all):\n", 1e3 * decode_s);
-      print_profile(profile, decode_s * a.decode_tokens, static_cast<double>(a.decode_tokens));
+      const double reps = static_cast<double>(a.repetitions);
+      std::printf("  prefill time by kind of op (%.1f ms in all):\n", 1e3 * prefill_total_s / reps);
+      print_profile(prefill_profile, prefill_total_s, reps);
+      std::printf("  decode time per token by kind of op (%.2f ms in all):\n", 1e3 * decode_total_s / decoded);
+      print_profile(profile, decode_total_s, decoded);
     }
   }
   return 0;

@@ -336,7 +336,8 @@ peer_section() {
     echo "llama.cpp its FP8 matrices dequantized and quantized to Q8_0 (8.5 bits a weight), the embedding and lm_head"
     echo "bf16 in both. Random token ids in both. Prefill: one prompt from an empty cache; decode: one stream, greedy."
     echo "llama.cpp runs with its weights mmapped and read into memory (llama-bench -lm mmap,none) and each row shows"
-    echo "the better one: the median of its repetitions, their range and the load mode. Both engines' files are dropped"
+    echo "the better one: the median of its repetitions, their range and the load mode; moat's rows are the median and range"
+    echo "of as many repetitions in one process (model_bench --repetitions). Both engines' files are dropped"
     echo "from the page cache first (with the GGUF in 4 KiB pages, llama.cpp's mmap decode ran at half speed here)."
     echo
     echo "$peer_rows"
