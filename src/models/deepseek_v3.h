@@ -14,6 +14,7 @@
 #include <optional>
 #include <vector>
 
+#include "base/huge_pages.h"
 #include "base/tensor.h"
 #include "base/thread_pool.h"
 #include "base/weight.h"
@@ -42,12 +43,13 @@ struct MlaWeights {
   // W_UK transposed per head, so absorbing q_nope into latent space is a plain matmul:
   // [heads][kv_lora, nope]. The one weight moat copies: bf16 when kv_b is bf16 (exact) or fp8
   // without exact activations (W8A16: one more rounding of the dequantized value, 2^-9), else fp32.
-  std::vector<uint16_t> w_uk_t_bf16;
-  std::vector<float> w_uk_t_f32;
+  // In huge pages, as the checkpoint's mapped weights (HugePageAllocator).
+  HugePageVector<uint16_t> w_uk_t_bf16;
+  HugePageVector<float> w_uk_t_f32;
   std::vector<WeightMatrix> w_uk_t;      // [heads] views of the above
   // fp8 checkpoints only: dequantized [heads][v, kv_lora], in the dtype of w_uk_t
-  std::vector<uint16_t> w_uv_bf16;
-  std::vector<float> w_uv_f32;
+  HugePageVector<uint16_t> w_uv_bf16;
+  HugePageVector<float> w_uv_f32;
   std::vector<WeightMatrix> w_uv;        // [heads] [v, kv_lora]: row slices of kv_b_proj, or views of the above
 };
 

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "base/dtype.h"
+#include "base/huge_pages.h"
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "base/weight.h"
@@ -132,6 +133,26 @@ TEST(WeightMatrix, Fp8BlockScalesApplyPerTile) {
   EXPECT_EQ(w.at(2, 0), 3.0f);
   EXPECT_EQ(w.at(2, 2), 4.0f);
   EXPECT_EQ(w.rows(2, 1).at(0, 2), 4.0f);
+}
+
+
+// Weights moat builds at load (the absorbed MLA matrices) sit in 2 MiB-aligned mappings marked for
+// huge pages; small ones come from the heap. Both must behave as plain vectors.
+TEST(HugePageAllocator, LargeVectorsAreHugePageAlignedAndHoldTheirValues) {
+  HugePageVector<uint16_t> big(3 << 20);  // 6 MiB: three huge pages
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(big.data()) % kHugePageBytes, 0u);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint16_t>(i * 7);
+  HugePageVector<uint16_t> copy = big;
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(copy.data()) % kHugePageBytes, 0u);
+  for (size_t i = 0; i < copy.size(); i += 4093) ASSERT_EQ(copy[i], static_cast<uint16_t>(i * 7)) << i;
+  big.resize(big.size() * 2, 1);  // growth copies into a new mapping, the old one is unmapped
+  EXPECT_EQ(big[(3 << 20) - 1], static_cast<uint16_t>(((3 << 20) - 1) * 7));
+  EXPECT_EQ(big.back(), 1);
+  HugePageVector<float> small(100, 2.5f);  // from the heap: a mapping would cost a whole huge page
+  EXPECT_EQ(small[99], 2.5f);
+  small.clear();
+  small.shrink_to_fit();
+  EXPECT_EQ(small.capacity(), 0u);
 }
 
 }  // namespace moat
