@@ -3,12 +3,13 @@
 // include/ without tools/). Our own code: it reads no llama.cpp source, only calls llama.h.
 //
 // It measures what llama-bench's pp / tg tests measure, the same way: a fresh context of
-// n_prompt + n_gen cells per load mode, one warm-up run, then for each repetition the cache cleared
-// and the clock around llama_decode + llama_synchronize only.
-//   pp: n_prompt tokens (BOS then random ids) decoded in n_batch-sized calls;
-//   tg: n_gen single-token calls from an empty cache, each on a random id.
+// n_depth + n_prompt + n_gen cells per load mode, one warm-up run, then for each repetition the cache
+// cleared, n_depth random tokens decoded untimed (llama-bench's -d), and the clock around
+// llama_decode + llama_synchronize only.
+//   pp: n_prompt tokens (BOS then random ids, BOS only at depth 0) decoded in n_batch-sized calls;
+//   tg: n_gen single-token calls after the n_depth cached tokens, each on a random id.
 // It prints llama-bench's `-o json` fields that the peer script reads (n_prompt, n_gen, samples_ts,
-// load_mode, cpu_info, backends, n_batch, n_ubatch, flash_attn, type_k, build_commit).
+// n_depth, load_mode, cpu_info, backends, n_batch, n_ubatch, flash_attn, type_k, build_commit).
 //
 // Built by bench/llama_cpp_peer.sh:
 //   g++ -O2 -std=c++17 bench/libllama_bench.cpp -I$LLAMA_CPP_DIR/include -I$LLAMA_CPP_DIR/ggml/include \
@@ -31,6 +32,7 @@ struct Options {
   std::string model;
   int n_prompt = 512;
   int n_gen = 128;
+  int n_depth = 0;  // tokens in the cache before each test (llama-bench -d)
   int reps = 5;
   int threads = 1;
   int n_batch = 2048;
@@ -45,7 +47,7 @@ struct Options {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "libllama_bench: %s\n"
-               "usage: libllama_bench -m MODEL.gguf [-p N_PROMPT] [-n N_GEN] [-r REPS] [-t THREADS]\n"
+               "usage: libllama_bench -m MODEL.gguf [-p N_PROMPT] [-n N_GEN] [-d N_DEPTH] [-r REPS] [-t THREADS]\n"
                "       [-b N_BATCH] [-ub N_UBATCH] [-lm mmap,none,...] [-ot REGEX=BUFFER_TYPE,...] [-nr 0|1] [-o json]\n"
                "       [--build TEXT] [--verbose 1]\n",
                why);
@@ -80,6 +82,7 @@ Options parse(int argc, char** argv) {
     if (flag == "-m") options.model = value;
     else if (flag == "-p") options.n_prompt = parse_int("-p", value, 0);
     else if (flag == "-n") options.n_gen = parse_int("-n", value, 0);
+    else if (flag == "-d") options.n_depth = parse_int("-d", value, 0);
     else if (flag == "-r") options.reps = parse_int("-r", value, 1);
     else if (flag == "-t") options.threads = parse_int("-t", value, 1);
     else if (flag == "-b") options.n_batch = parse_int("-b", value, 1);
@@ -129,12 +132,13 @@ struct Bench {
     return std::uniform_int_distribution<llama_token>(0, llama_vocab_n_tokens(vocab) - 1)(random);
   }
 
-  void run_prompt(int n_prompt) {
+  // n_prompt tokens after `first` cached ones (BOS leads only a prompt from an empty cache)
+  void run_prompt(int n_prompt, int first = 0) {
     for (int done = 0; done < n_prompt;) {
       const int n = std::min(options.n_batch, n_prompt - done);
       std::vector<llama_token> tokens(n);
       for (int i = 0; i < n; ++i) {
-        tokens[i] = (done + i == 0 && llama_vocab_get_add_bos(vocab)) ? llama_vocab_bos(vocab) : random_token();
+        tokens[i] = (first + done + i == 0 && llama_vocab_get_add_bos(vocab)) ? llama_vocab_bos(vocab) : random_token();
       }
       decode_or_die(context, tokens);
       done += n;
@@ -143,7 +147,8 @@ struct Bench {
   }
 
   void run_gen(int n_gen) {
-    std::vector<llama_token> token{llama_vocab_get_add_bos(vocab) ? llama_vocab_bos(vocab) : random_token()};
+    std::vector<llama_token> token{options.n_depth == 0 && llama_vocab_get_add_bos(vocab) ? llama_vocab_bos(vocab)
+                                                                                          : random_token()};
     for (int i = 0; i < n_gen; ++i) {
       decode_or_die(context, token);
       llama_synchronize(context);
@@ -151,18 +156,22 @@ struct Bench {
     }
   }
 
-  void clear() { llama_memory_clear(llama_get_memory(context), false); }
+  // an empty cache, then the depth's tokens (untimed)
+  void clear() {
+    llama_memory_clear(llama_get_memory(context), false);
+    if (options.n_depth > 0) run_prompt(options.n_depth);
+  }
 
   // tokens per second of each repetition after one warm-up
   std::vector<double> measure(int n_prompt, int n_gen) {
     clear();
-    if (n_prompt > 0) run_prompt(n_prompt);
+    if (n_prompt > 0) run_prompt(n_prompt, options.n_depth);
     else run_gen(1);
     std::vector<double> samples;
     for (int rep = 0; rep < options.reps; ++rep) {
       clear();
       const auto start = std::chrono::steady_clock::now();
-      if (n_prompt > 0) run_prompt(n_prompt);
+      if (n_prompt > 0) run_prompt(n_prompt, options.n_depth);
       else run_gen(n_gen);
       samples.push_back((n_prompt > 0 ? n_prompt : n_gen) / seconds_since(start));
     }
@@ -223,7 +232,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     llama_context_params context_params = llama_context_default_params();
-    context_params.n_ctx = static_cast<uint32_t>(options.n_prompt + options.n_gen);
+    context_params.n_ctx = static_cast<uint32_t>(options.n_depth + options.n_prompt + options.n_gen);
     context_params.n_batch = static_cast<uint32_t>(options.n_batch);
     context_params.n_ubatch = static_cast<uint32_t>(options.n_ubatch);
     context_params.n_threads = options.threads;
@@ -249,7 +258,7 @@ int main(int argc, char** argv) {
                      ", \"n_batch\": " + std::to_string(options.n_batch) + ", \"n_ubatch\": " + std::to_string(options.n_ubatch) +
                      ", \"flash_attn\": " + std::to_string(static_cast<int>(context_params.flash_attn_type)) +
                      ", \"type_k\": \"f16\", \"load_mode\": " + json_string(mode_name) + ", \"n_prompt\": " +
-                     std::to_string(n_prompt) + ", \"n_gen\": " + std::to_string(n_gen) + ", \"avg_ts\": " +
+                     std::to_string(n_prompt) + ", \"n_gen\": " + std::to_string(n_gen) + ", \"n_depth\": " + std::to_string(options.n_depth) + ", \"avg_ts\": " +
                      std::to_string(sum / samples.size()) + ", \"samples_ts\": [" + list + "]}");
     };
     if (options.n_prompt > 0) row(options.n_prompt, 0);

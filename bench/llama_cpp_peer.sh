@@ -119,19 +119,25 @@ PY
     local kind_args=""
     [[ $kind == fp8 ]] && kind_args=$LLAMA_BENCH_FP8_ARGS
     # shellcheck disable=SC2086
-    "$LLAMA_BENCH" -m "$gguf" -p "$PEER_PROMPT" -n "$PEER_GEN" -r "$PEER_REPS" -t "$t" -lm "$LLAMA_LOAD_MODES" -o json $LLAMA_BENCH_ARGS $kind_args \
-      >"$log_dir/llama.json" 2>"$log_dir/llama.err" ||
+    # prefill from an empty cache; decode at a depth of the prompt's tokens (-d), as moat decodes
+    # after its prompt
+    "$LLAMA_BENCH" -m "$gguf" -p "$PEER_PROMPT" -n 0 -r "$PEER_REPS" -t "$t" -lm "$LLAMA_LOAD_MODES" -o json $LLAMA_BENCH_ARGS $kind_args \
+      >"$log_dir/llama_pp.json" 2>"$log_dir/llama.err" ||
       { tail -20 "$log_dir/llama.err" >&2; echo "peer: llama-bench failed" >&2; return 1; }
-    "$PYTHON" - "$kind" "$t" "$PEER_PROMPT" "$PEER_GEN" "$log_dir/llama.json" "$log_dir/build" >>"$results" <<'PY'
+    # shellcheck disable=SC2086
+    "$LLAMA_BENCH" -m "$gguf" -p 0 -n "$PEER_GEN" -d "$PEER_PROMPT" -r "$PEER_REPS" -t "$t" -lm "$LLAMA_LOAD_MODES" -o json $LLAMA_BENCH_ARGS $kind_args \
+      >"$log_dir/llama_tg.json" 2>"$log_dir/llama.err" ||
+      { tail -20 "$log_dir/llama.err" >&2; echo "peer: llama-bench failed" >&2; return 1; }
+    "$PYTHON" - "$kind" "$t" "$PEER_PROMPT" "$PEER_GEN" "$log_dir/llama_pp.json" "$log_dir/llama_tg.json" "$log_dir/build" >>"$results" <<'PY'
 import json, statistics, sys
-kind, t, p, n, path, build = sys.argv[1:7]
-rows = json.load(open(path))
+kind, t, p, n, pp_path, tg_path, build = sys.argv[1:8]
+rows = json.load(open(pp_path)) + json.load(open(tg_path))
 def best(test):  # the load mode with the highest median of its repetitions
     return max(test, key=lambda r: statistics.median(r["samples_ts"]))
 pp = [r for r in rows if r["n_prompt"] == int(p) and r["n_gen"] == 0]
-tg = [r for r in rows if r["n_gen"] == int(n) and r["n_prompt"] == 0]
+tg = [r for r in rows if r["n_gen"] == int(n) and r["n_prompt"] == 0 and r.get("n_depth", 0) == int(p)]
 if not pp or not tg:
-    sys.exit(f"peer: no pp{p} / tg{n} rows in llama-bench's JSON")
+    sys.exit(f"peer: no pp{p} / tg{n} @ d{p} rows in llama-bench's JSON (a llama-bench without -d?)")
 pp, tg = best(pp), best(tg)
 def cell(r):  # median, spread (min-max) and the load mode it ran under
     s = r["samples_ts"]
@@ -204,9 +210,10 @@ print()
 commit = commit or (b.get("build_commit") or "?")
 fa = {-1: "auto", 0: "off", 1: "on"}.get(b.get("flash_attn"), b.get("flash_attn"))
 print(f"llama.cpp {version} (ggml {ggml_version}, commit {commit}; backend {b.get('backends')}, cpu_info "
-      f"{b.get('cpu_info')!r}), measured by {tool}: `llama-bench -p {p} -n {n} -r {reps} -t T -lm {load_modes}{(' ' + lb_args) if lb_args else ''}` "
+      f"{b.get('cpu_info')!r}), measured by {tool}: `llama-bench -p {p} -n 0 -r {reps} -t T -lm {load_modes}{(' ' + lb_args) if lb_args else ''}` "
+      f"and `llama-bench -p 0 -n {n} -d {p} ...` "
       f"(median of {reps} repetitions (min-max, the load mode that did best); n_batch {b.get('n_batch')}, n_ubatch {b.get('n_ubatch')}, flash attention {fa}, "
       f"KV cache {b.get('type_k')}{('; the Q8_0 rows with ' + fp8_args) if fp8_args else ''}). moat: `model_bench --prompt-tokens {p} --decode-tokens {n} --repetitions {reps}"
-      f"{(' ' + moat_args) if moat_args else ''}` (median of {reps} repetitions (min-max), weights mmapped; decode after the {p}-token prompt, llama-bench's "
-      f"tg{n} from an empty cache).")
+      f"{(' ' + moat_args) if moat_args else ''}` (median of {reps} repetitions (min-max), weights mmapped). Both engines decode after {p} tokens in the cache "
+      f"(moat after its prompt, llama.cpp's tg{n} at depth {p}) and prefill from an empty one.")
 PY
