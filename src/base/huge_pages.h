@@ -16,6 +16,12 @@ namespace moat {
 
 inline constexpr size_t kHugePageBytes = size_t{2} << 20;
 
+// mmap(size, prot, flags, fd at offset 0) at a 2 MiB-aligned address (MAP_FAILED with errno on
+// failure). Aligned, an anonymous mapping takes whole huge pages, and a file mapping can take the
+// page cache's 2 MiB folios with one page-table entry each (file offsets and addresses agree
+// modulo 2 MiB).
+void* mmap_huge_aligned(size_t size, int prot, int flags, int fd);
+
 template <class T>
 struct HugePageAllocator {
   using value_type = T;
@@ -32,16 +38,10 @@ struct HugePageAllocator {
     if (n == 0) return nullptr;
     if (small(n)) return static_cast<T*>(::operator new(n * sizeof(T)));
     const size_t bytes = mapped_bytes(n);
-    // Over-map by one huge page, then unmap what lies outside the aligned range.
-    void* raw = mmap(nullptr, bytes + kHugePageBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) throw std::bad_alloc();
-    const auto start = reinterpret_cast<uintptr_t>(raw);
-    const uintptr_t aligned = (start + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
-    if (aligned > start) munmap(raw, aligned - start);
-    const uintptr_t tail = start + bytes + kHugePageBytes - (aligned + bytes);
-    if (tail > 0) munmap(reinterpret_cast<void*>(aligned + bytes), tail);
-    madvise(reinterpret_cast<void*>(aligned), bytes, MADV_HUGEPAGE);  // a hint: without THP, 4 KiB pages
-    return reinterpret_cast<T*>(aligned);
+    void* p = mmap_huge_aligned(bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    madvise(p, bytes, MADV_HUGEPAGE);  // a hint: without THP, 4 KiB pages
+    return static_cast<T*>(p);
   }
   void deallocate(T* p, size_t n) noexcept {
     if (!p) return;

@@ -16,6 +16,8 @@
 #include <limits>
 #include <set>
 
+#include "base/huge_pages.h"
+
 namespace moat {
 
 namespace {
@@ -41,28 +43,6 @@ std::optional<uint64_t> checked_bytes(const std::vector<int64_t>& shape, size_t 
     n *= static_cast<uint64_t>(d);
   }
   return n;
-}
-
-// mmap(fd) read-only at a 2 MiB-aligned address (MAP_FAILED with errno on failure): reserve
-// size + 2 MiB of address space, map the file at the first aligned address inside it, and
-// release the slack on both sides.
-void* map_file_huge_aligned(int fd, size_t size) {
-  constexpr size_t kHuge = size_t{2} << 20;
-  void* reserved = mmap(nullptr, size + kHuge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (reserved == MAP_FAILED) return MAP_FAILED;
-  const auto begin = reinterpret_cast<uintptr_t>(reserved);
-  const uintptr_t aligned = (begin + kHuge - 1) & ~(kHuge - 1);
-  void* map = mmap(reinterpret_cast<void*>(aligned), size, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
-  if (map == MAP_FAILED) {
-    const int err = errno;
-    munmap(reserved, size + kHuge);
-    errno = err;
-    return MAP_FAILED;
-  }
-  if (aligned > begin) munmap(reserved, aligned - begin);
-  const uintptr_t end = aligned + ((size + 4095) & ~size_t{4095});
-  if (begin + size + kHuge > end) munmap(reinterpret_cast<void*>(end), begin + size + kHuge - end);
-  return map;
 }
 
 }  // namespace
@@ -163,7 +143,7 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::filesy
     // with the page cache until evicted. The mapping starts on a 2 MiB boundary so that file
     // offsets and addresses agree modulo 2 MiB: only then can the kernel map the page cache's
     // 2 MiB folios (ext4 and xfs have them since Linux 6.16) with one page-table entry each.
-    map = map_file_huge_aligned(fd, f->size_);
+    map = mmap_huge_aligned(f->size_, PROT_READ, MAP_PRIVATE, fd);
     const int map_errno = errno;
     ::close(fd);  // the mapping keeps the file alive
     if (map == MAP_FAILED) return make_error("{}: mmap failed: {}", file, std::strerror(map_errno));
