@@ -287,13 +287,13 @@ int main(int argc, char** argv) {
   // Each repetition decodes the same positions again after the prompt and warm-up (their latent
   // rows are overwritten; a hybrid model's recurrent state runs on, which costs the same), as
   // llama-bench's tg repetitions each start over.
-  std::vector<double> decode_runs_s;  // seconds per token
+  std::vector<double> decode_runs_s;  // seconds per repetition of decode_tokens steps
   for (int64_t r = 0; r < a.repetitions; ++r) {
     position = a.prompt_tokens + kWarmupDecodeSteps;
     next_token = first_token;
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t n = 0; n < a.decode_tokens; ++n) decode_step();
-    decode_runs_s.push_back(bench::seconds_since(t0) / static_cast<double>(a.decode_tokens));
+    decode_runs_s.push_back(bench::seconds_since(t0));
   }
   model.set_op_profile(nullptr);
   // median (the upper one of an even count: the slower) and the range, as llama-bench reports
@@ -301,14 +301,14 @@ int main(int argc, char** argv) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  const double prefill_s = median(prefill_runs_s), decode_s = median(decode_runs_s);
+  const double prefill_s = median(prefill_runs_s), decode_s = median(decode_runs_s) / static_cast<double>(a.decode_tokens);
   const auto [prefill_fast, prefill_slow] = std::minmax_element(prefill_runs_s.begin(), prefill_runs_s.end());
   const auto [decode_fast, decode_slow] = std::minmax_element(decode_runs_s.begin(), decode_runs_s.end());
   // The profiles cover every repetition: their shares are of the runs' total time.
   const double decoded = static_cast<double>(a.decode_tokens * a.repetitions);
   double prefill_total_s = 0, decode_total_s = 0;
   for (double t : prefill_runs_s) prefill_total_s += t;
-  for (double t : decode_runs_s) decode_total_s += t * static_cast<double>(a.decode_tokens);
+  for (double t : decode_runs_s) decode_total_s += t;
   const double rss = peak_rss_mib();
   const auto pages = model.checkpoint().page_stats();
   const double huge_pct = 100.0 * static_cast<double>(pages.huge) / static_cast<double>(std::max<size_t>(1, pages.resident));
@@ -402,7 +402,7 @@ int main(int argc, char** argv) {
     if (a.repetitions > 1)
       std::printf("  median of %lld repetitions: prefill %.1f-%.1f tok/s, decode %.1f-%.1f tok/s\n",
                   static_cast<long long>(a.repetitions), a.prompt_tokens / *prefill_slow, a.prompt_tokens / *prefill_fast,
-                  1.0 / *decode_slow, 1.0 / *decode_fast);
+                  a.decode_tokens / *decode_slow, a.decode_tokens / *decode_fast);
     std::printf("  peak RSS %.0f MiB; checkpoint %.0f MiB + KV %.0f MiB (ratio %.2f)\n", rss, ckpt_mib, kv_mib,
                 rss / (ckpt_mib + kv_mib));
     if (a.profile) {
