@@ -337,6 +337,7 @@ int main(int argc, char** argv) {
   bool kda_only = false;      // only the probes and the KDA rows (quick)
   bool q4_only = false;       // only the probes and the 4-bit matmul rows
   bool decode_only = false;   // only the probes and the T = 1 matmul rows (every weight type)
+  bool mla_only = false;      // only the probes and the MLA attention rows
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) {
@@ -357,8 +358,10 @@ int main(int argc, char** argv) {
       q4_only = true;
     } else if (a == "--decode-only") {
       decode_only = true;
+    } else if (a == "--mla-only") {
+      mla_only = true;
     } else {
-      std::fprintf(stderr, "usage: kernel_bench [--threads 1,2] [--markdown] [--batched-only] [--kda-only] [--4bit-only] [--decode-only]\n");
+      std::fprintf(stderr, "usage: kernel_bench [--threads 1,2] [--markdown] [--batched-only] [--kda-only] [--4bit-only] [--decode-only] [--mla-only]\n");
       return 2;
     }
   }
@@ -385,6 +388,118 @@ int main(int argc, char** argv) {
   std::mt19937 rng(3);
   std::normal_distribution<float> dist(0.0f, 1.0f);
 
+  // MLA attention rows (decode at 4096 cached rows, a 1024-token prefill); false: a kernel disagreed with
+  // the reference. check: compare against the reference (the first thread count).
+  auto mla_rows = [&](const std::string& tt, double bw, double peak, double fp32_peak, double amx_peak,
+                      bool check) -> bool {
+    // MLA decode attention: one token, 16 heads, 4096 cached latents of 576 values in the paged
+    // bf16 cache (blocks of 64 rows, shuffled over the pool as a serving engine leaves them), on the
+    // best kernel and, where that one rounds to bf16 (cpu.mla_attention_avx512bf16), on the fp32
+    // avx512 kernel as well (what --exact runs).
+    for (const bool exact : {false, true}) {
+      const int64_t heads = 16, L = 4096, C = 512, R = 64, D = C + R, B = 64, per_copy = L / B;
+      const DType kv = DType::BF16;
+      const KernelEntry* k =
+          best_kernel(OpId::mla_attention, OpShape{.heads_per_rank = heads, .head_dim = D, .kv_dtype = kv});
+      const bool rounds = k->name == "cpu.mla_attention_avx512bf16";
+      if (exact && !rounds) break;
+      const KernelEntry* store = best_kernel(OpId::store_latent, OpShape{.head_dim = D, .kv_dtype = kv});
+      const int64_t copies = std::max<int64_t>(1, kLlcSpan / (L * D * 2));
+      HugeBuffer<uint16_t> pool(static_cast<size_t>(copies * L * D));  // [copies * L, D] bf16
+      const LatentPages pages{pool.data(), nullptr, kv, B};
+      std::vector<int32_t> ids(static_cast<size_t>(copies * per_copy));  // [copies, per_copy] block tables
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      std::vector<float> latent(static_cast<size_t>(L * D)), q(heads * D), out(heads * C), ref(heads * C);
+      for (float& v : latent) v = dist(rng) * 0.1f;
+      for (float& v : q) v = dist(rng);
+      std::vector<int64_t> slots(static_cast<size_t>(L));
+      for (int64_t c = 0; c < copies; ++c) {
+        for (int64_t j = 0; j < L; ++j) slots[j] = int64_t{ids[c * per_copy + j / B]} * B + j % B;
+        reinterpret_cast<StoreLatentFn>(store->fn)(StoreLatentArgs{latent.data(), L, D, slots.data(), pages});
+      }
+      const int32_t len = static_cast<int32_t>(L);
+      int32_t seq = 0;  // the copy read by the next call: a row of the block tables
+      auto args = [&](float* o) {
+        return MlaAttentionArgs{q.data(), 1, heads, C, R, pages, ids.data(), per_copy, &seq, &len, 0.04f, o, exact};
+      };
+      if (check) {  // correctness before speed
+        reinterpret_cast<MlaAttentionFn>(k->fn)(args(out.data()));
+        const auto* rk = Registry::global().kernels(OpId::mla_attention, Backend::reference).front();
+        reinterpret_cast<MlaAttentionFn>(rk->fn)(args(ref.data()));
+        const double err = max_norm_err(out, ref), bound = rounds && !exact ? 1e-2 : 1e-5;
+        if (err > bound) {
+          std::fprintf(stderr, "%s disagrees with the reference: normalized error %g\n", k->name.c_str(), err);
+          return false;
+        }
+      }
+      const double sec = time_per_call([&] {
+        reinterpret_cast<MlaAttentionFn>(k->fn)(args(out.data()));
+        seq = static_cast<int32_t>((seq + 1) % copies);
+      });
+      // scores: 2 flops per q.row element; output: 2 per latent element; per head, per cache row
+      const double flops = 2.0 * heads * L * (D + C), bytes = L * D * 2.0;
+      const double roof = std::min(rounds && !exact ? peak : fp32_peak, bw * flops / bytes);
+      rows.push_back({"mla_attention 16 heads, 4096 x 576 bf16 paged cache (block 64), T=1" +
+                          std::string(exact ? " exact" : "") + " (" + tt + ")",
+                      rounds && exact ? "cpu.mla_attention_avx512" : k->name, flops / sec / 1e9, roof,
+                      100 * flops / sec / 1e9 / roof, "GFLOPS"});
+    }
+    // MLA prefill attention: a 1024-token prompt from an empty cache (causal), 16 heads, on the best
+    // kernel and, where that one rounds to bf16 (AMX tiles, avx512bf16 dot products), on the fp32
+    // avx512 kernel too;
+    // compute-bound: its roofline is the peak of the dot products each kernel uses.
+    {
+      const int64_t heads = 16, T = 1024, C = 512, R = 64, D = C + R, B = 64, blocks = T / B;
+      const DType kv = DType::BF16;
+      const OpShape shape{.heads_per_rank = heads, .head_dim = D, .kv_dtype = kv};
+      const KernelEntry* best = best_kernel(OpId::mla_attention, shape);
+      const KernelEntry* store = best_kernel(OpId::store_latent, OpShape{.head_dim = D, .kv_dtype = kv});
+      HugeBuffer<uint16_t> pool(static_cast<size_t>(T * D));
+      const LatentPages pages{pool.data(), nullptr, kv, B};
+      std::vector<int32_t> table(static_cast<size_t>(blocks));
+      for (int64_t i = 0; i < blocks; ++i) table[i] = static_cast<int32_t>(i);
+      std::shuffle(table.begin(), table.end(), rng);
+      std::vector<float> latent(static_cast<size_t>(T * D)), q(static_cast<size_t>(T * heads * D));
+      for (float& v : latent) v = dist(rng) * 0.1f;
+      for (float& v : q) v = dist(rng);
+      std::vector<int64_t> slots(static_cast<size_t>(T));
+      for (int64_t j = 0; j < T; ++j) slots[j] = int64_t{table[j / B]} * B + j % B;
+      reinterpret_cast<StoreLatentFn>(store->fn)(StoreLatentArgs{latent.data(), T, D, slots.data(), pages});
+      std::vector<int32_t> seq(static_cast<size_t>(T), 0), len(static_cast<size_t>(T));
+      double flops = 0;  // scores and output: 2 flops per element, per head, per visible cache row
+      for (int64_t t = 0; t < T; ++t) {
+        len[t] = static_cast<int32_t>(t + 1);
+        flops += 2.0 * heads * (t + 1) * (D + C);
+      }
+      std::vector<std::vector<float>> outs;
+      const KernelEntry* avx512 = nullptr;
+      for (const KernelEntry* k : Registry::global().kernels(OpId::mla_attention, Backend::cpu))
+        if (k->name == "cpu.mla_attention_avx512") avx512 = k;
+      const bool rounds = best->name == "cpu.mla_attention_amx" || best->name == "cpu.mla_attention_avx512bf16";
+      for (const KernelEntry* k : {best, rounds ? avx512 : nullptr}) {
+        if (!k) continue;
+        std::vector<float> out(static_cast<size_t>(T * heads * C));
+        const MlaAttentionArgs args{q.data(), T, heads, C, R, pages, table.data(), blocks, seq.data(), len.data(), 0.04f,
+                                    out.data()};
+        const double sec = time_per_call([&] { reinterpret_cast<MlaAttentionFn>(k->fn)(args); });
+        const double roof = k->name == "cpu.mla_attention_amx"          ? amx_peak
+                            : k->name == "cpu.mla_attention_avx512bf16" ? peak
+                                                                        : fp32_peak;
+        rows.push_back({"mla_attention prefill 16 heads, 1024 causal tokens, bf16 paged cache (" + tt + ")", k->name,
+                        flops / sec / 1e9, roof, 100 * flops / sec / 1e9 / roof, "GFLOPS"});
+        outs.push_back(std::move(out));
+      }
+      // the bf16 queries / probabilities against the avx512 kernel's fp32 ones
+      if (outs.size() == 2 && max_norm_err(outs[0], outs[1]) > 1e-2) {
+        std::fprintf(stderr, "%s disagrees with the avx512 kernel: %g\n", best->name.c_str(),
+                     max_norm_err(outs[0], outs[1]));
+        return false;
+      }
+    }
+    return true;
+  };
+
   for (int threads : thread_counts) {
     set_num_threads(threads);
     const Bandwidth bwp = read_bandwidth({{bw_buf.data(), static_cast<int64_t>(bw_buf.size())}}, 1.0);
@@ -409,6 +524,10 @@ int main(int argc, char** argv) {
     }
     if (kda_only) {
       if (!kda_rows(rows, tt, bw, fp32_peak, threads == thread_counts.front(), kLlcSpan)) return 1;
+      continue;
+    }
+    if (mla_only) {
+      if (!mla_rows(tt, bw, peak, fp32_peak, amx_peak, threads == thread_counts.front())) return 1;
       continue;
     }
     // With AMX, prefill rows of the avx512bf16 kernel too: the same run's measure of what AMX adds
@@ -502,100 +621,7 @@ int main(int argc, char** argv) {
     if (batched_only) continue;
     if (!q4_rows(rows, tt, bw, peak, amx_peak, threads == thread_counts.front(), kLlcSpan, false)) return 1;
 
-    // MLA decode attention: one token, 16 heads, 4096 cached latents of 576 values in the paged
-    // bf16 cache (blocks of 64 rows, shuffled over the pool as a serving engine leaves them).
-    {
-      const int64_t heads = 16, L = 4096, C = 512, R = 64, D = C + R, B = 64, per_copy = L / B;
-      const DType kv = DType::BF16;
-      const KernelEntry* k =
-          best_kernel(OpId::mla_attention, OpShape{.heads_per_rank = heads, .head_dim = D, .kv_dtype = kv});
-      const KernelEntry* store = best_kernel(OpId::store_latent, OpShape{.head_dim = D, .kv_dtype = kv});
-      const int64_t copies = std::max<int64_t>(1, kLlcSpan / (L * D * 2));
-      HugeBuffer<uint16_t> pool(static_cast<size_t>(copies * L * D));  // [copies * L, D] bf16
-      const LatentPages pages{pool.data(), nullptr, kv, B};
-      std::vector<int32_t> ids(static_cast<size_t>(copies * per_copy));  // [copies, per_copy] block tables
-      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
-      std::shuffle(ids.begin(), ids.end(), rng);
-      std::vector<float> latent(static_cast<size_t>(L * D)), q(heads * D), out(heads * C), ref(heads * C);
-      for (float& v : latent) v = dist(rng) * 0.1f;
-      for (float& v : q) v = dist(rng);
-      std::vector<int64_t> slots(static_cast<size_t>(L));
-      for (int64_t c = 0; c < copies; ++c) {
-        for (int64_t j = 0; j < L; ++j) slots[j] = int64_t{ids[c * per_copy + j / B]} * B + j % B;
-        reinterpret_cast<StoreLatentFn>(store->fn)(StoreLatentArgs{latent.data(), L, D, slots.data(), pages});
-      }
-      const int32_t len = static_cast<int32_t>(L);
-      int32_t seq = 0;  // the copy read by the next call: a row of the block tables
-      auto args = [&](float* o) {
-        return MlaAttentionArgs{q.data(), 1, heads, C, R, pages, ids.data(), per_copy, &seq, &len, 0.04f, o};
-      };
-      if (threads == thread_counts.front()) {  // correctness before speed
-        reinterpret_cast<MlaAttentionFn>(k->fn)(args(out.data()));
-        const auto* rk = Registry::global().kernels(OpId::mla_attention, Backend::reference).front();
-        reinterpret_cast<MlaAttentionFn>(rk->fn)(args(ref.data()));
-        const double err = max_norm_err(out, ref);
-        if (err > 1e-5) {
-          std::fprintf(stderr, "%s disagrees with the reference: normalized error %g\n", k->name.c_str(), err);
-          return 1;
-        }
-      }
-      const double sec = time_per_call([&] {
-        reinterpret_cast<MlaAttentionFn>(k->fn)(args(out.data()));
-        seq = static_cast<int32_t>((seq + 1) % copies);
-      });
-      // scores: 2 flops per q.row element; output: 2 per latent element; per head, per cache row
-      const double flops = 2.0 * heads * L * (D + C), bytes = L * D * 2.0;
-      const double roof = std::min(fp32_peak, bw * flops / bytes);
-      rows.push_back({"mla_attention 16 heads, 4096 x 576 bf16 paged cache (block 64), T=1 (" + tt + ")", k->name,
-                      flops / sec / 1e9, roof, 100 * flops / sec / 1e9 / roof, "GFLOPS"});
-    }
-    // MLA prefill attention: a 1024-token prompt from an empty cache (causal), 16 heads, on the best
-    // kernel and, where AMX runs it on tiles, on the avx512 kernel too (the rate without tiles);
-    // compute-bound: its roofline is the peak of the dot products each kernel uses.
-    {
-      const int64_t heads = 16, T = 1024, C = 512, R = 64, D = C + R, B = 64, blocks = T / B;
-      const DType kv = DType::BF16;
-      const OpShape shape{.heads_per_rank = heads, .head_dim = D, .kv_dtype = kv};
-      const KernelEntry* best = best_kernel(OpId::mla_attention, shape);
-      const KernelEntry* store = best_kernel(OpId::store_latent, OpShape{.head_dim = D, .kv_dtype = kv});
-      HugeBuffer<uint16_t> pool(static_cast<size_t>(T * D));
-      const LatentPages pages{pool.data(), nullptr, kv, B};
-      std::vector<int32_t> table(static_cast<size_t>(blocks));
-      for (int64_t i = 0; i < blocks; ++i) table[i] = static_cast<int32_t>(i);
-      std::shuffle(table.begin(), table.end(), rng);
-      std::vector<float> latent(static_cast<size_t>(T * D)), q(static_cast<size_t>(T * heads * D));
-      for (float& v : latent) v = dist(rng) * 0.1f;
-      for (float& v : q) v = dist(rng);
-      std::vector<int64_t> slots(static_cast<size_t>(T));
-      for (int64_t j = 0; j < T; ++j) slots[j] = int64_t{table[j / B]} * B + j % B;
-      reinterpret_cast<StoreLatentFn>(store->fn)(StoreLatentArgs{latent.data(), T, D, slots.data(), pages});
-      std::vector<int32_t> seq(static_cast<size_t>(T), 0), len(static_cast<size_t>(T));
-      double flops = 0;  // scores and output: 2 flops per element, per head, per visible cache row
-      for (int64_t t = 0; t < T; ++t) {
-        len[t] = static_cast<int32_t>(t + 1);
-        flops += 2.0 * heads * (t + 1) * (D + C);
-      }
-      std::vector<std::vector<float>> outs;
-      const KernelEntry* avx512 = nullptr;
-      for (const KernelEntry* k : Registry::global().kernels(OpId::mla_attention, Backend::cpu))
-        if (k->name == "cpu.mla_attention_avx512") avx512 = k;
-      for (const KernelEntry* k : {best, best->name == "cpu.mla_attention_amx" ? avx512 : nullptr}) {
-        if (!k) continue;
-        std::vector<float> out(static_cast<size_t>(T * heads * C));
-        const MlaAttentionArgs args{q.data(), T, heads, C, R, pages, table.data(), blocks, seq.data(), len.data(), 0.04f,
-                                    out.data()};
-        const double sec = time_per_call([&] { reinterpret_cast<MlaAttentionFn>(k->fn)(args); });
-        const double roof = k->name == "cpu.mla_attention_amx" ? amx_peak : fp32_peak;
-        rows.push_back({"mla_attention prefill 16 heads, 1024 causal tokens, bf16 paged cache (" + tt + ")", k->name,
-                        flops / sec / 1e9, roof, 100 * flops / sec / 1e9 / roof, "GFLOPS"});
-        outs.push_back(std::move(out));
-      }
-      // the tiles' bf16 probabilities against the avx512 kernel's fp32 ones
-      if (outs.size() == 2 && max_norm_err(outs[0], outs[1]) > 1e-2) {
-        std::fprintf(stderr, "cpu.mla_attention_amx disagrees with the avx512 kernel: %g\n", max_norm_err(outs[0], outs[1]));
-        return 1;
-      }
-    }
+    if (!mla_rows(tt, bw, peak, fp32_peak, amx_peak, threads == thread_counts.front())) return 1;
     if (!kda_rows(rows, tt, bw, fp32_peak, threads == thread_counts.front(), kLlcSpan)) return 1;
   }
 

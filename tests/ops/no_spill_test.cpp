@@ -230,6 +230,11 @@ TEST(NoSpill, HotKernelsKeepAccumulatorsInRegisters) {
                           // fp8 on the exponent route (AMD), 1-4 rows x 1-2 tokens (4 rows x 2
                           // tokens keep 8 accumulators and spill one around the block fold)
                           {"cpu_avx2_fma::(anonymous namespace)::tile_fp8_exponent<", 8, 0, true, true, true},
+                          // MLA decode attention on bf16 dot products: the score pass (G = 4 or 8 heads,
+                          // D % 32 == 0 or not) and the P . V pass; the loops around their inner ones
+                          // store scores and outputs by design
+                          {"cpu_avx512bf16::(anonymous namespace)::score_rows<", 4, 32},
+                          {"cpu_avx512bf16::(anonymous namespace)::output_chunk<", 2, 16, false, false, true},
                           {"moat::bench::dpbf16_loop", 1, 16},
                           {"moat::bench::fma_loop(", 1, 16},
                           {"moat::bench::fma_loop_avx2(", 1, 12, false, true},

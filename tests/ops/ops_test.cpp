@@ -557,6 +557,20 @@ TEST(OpsStoreLatent, RoundTripWithinTheCacheDtypePrecision) {
     }
 }
 
+// A kernel's output in both precisions: exact calls (--exact) at kExact, default ones at kBf16Dot
+// (kernels may round the queries and probabilities to bf16 there: cpu.mla_attention_avx512bf16,
+// the AMX one).
+void expect_mla_matches(const KernelEntry* k, const PagedMla& c, const std::vector<float>& ref) {
+  for (bool exact : {true, false}) {
+    std::vector<float> out(ref.size(), NAN);
+    MlaAttentionArgs args = c.args(out.data());
+    args.exact = exact;
+    fn_of<MlaAttentionFn>(k)(args);
+    EXPECT_LE(normalized_error(out, ref), exact ? kExact : kBf16Dot)
+        << k->name << (exact ? " exact " : " ") << c.describe();
+  }
+}
+
 // Every (heads, D, block size, cache dtype): lengths 1 (a single row), 17 and 100 (ending mid-
 // block for blocks of 16 and 64) and 600 (3 chunks of the cpu kernel), in one call.
 TEST(OpsMlaAttention, EveryHostKernelMatchesReferenceOnPagedCache) {
@@ -570,11 +584,7 @@ TEST(OpsMlaAttention, EveryHostKernelMatchesReferenceOnPagedCache) {
           if (kv_lora != 512 && heads != 8) continue;  // small D: one head count is enough
           PagedMla c(6, heads, kv_lora, rope, B, dtype, {17, 1, 600, 100}, rng);
           const auto ref = c.reference();
-          for (const KernelEntry* k : kernels) {
-            std::vector<float> out(ref.size(), NAN);
-            fn_of<MlaAttentionFn>(k)(c.args(out.data()));
-            EXPECT_LE(normalized_error(out, ref), kExact) << k->name << " " << c.describe();
-          }
+          for (const KernelEntry* k : kernels) expect_mla_matches(k, c, ref);
         }
     }
 }
@@ -594,11 +604,7 @@ TEST(OpsMlaAttention, LongPagedCachesSplitIntoSpansMatchReference) {
     const OpShape shape{.heads_per_rank = cs.heads, .head_dim = 576, .kv_dtype = cs.dtype};
     PagedMla c(cs.T, cs.heads, 512, 64, cs.B, cs.dtype, {5001, 2049}, rng);
     const auto ref = c.reference();
-    for (const KernelEntry* k : host_kernels(OpId::mla_attention, shape)) {
-      std::vector<float> out(ref.size(), NAN);
-      fn_of<MlaAttentionFn>(k)(c.args(out.data()));
-      EXPECT_LE(normalized_error(out, ref), kExact) << k->name << " " << c.describe();
-    }
+    for (const KernelEntry* k : host_kernels(OpId::mla_attention, shape)) expect_mla_matches(k, c, ref);
   }
 }
 
@@ -693,9 +699,13 @@ TEST(OpsMlaAttention, TwelveHeadsResolveToPadHeadsOnCpuAndMatchReference) {
       for (int64_t T : {1, 3, 17}) {
         PagedMla c(T, per_rank, 512, 64, 16, dtype, {1, 17, 600}, rng);
         const auto ref = c.reference();
-        std::vector<float> out(ref.size(), NAN);
-        table->mla_attention(c.args(out.data()));
-        EXPECT_LE(normalized_error(out, ref), kExact) << "tp=" << tp << " " << c.describe();
+        for (bool exact : {true, false}) {  // the table passes its precision to the padded call
+          table->set_exact_activations(exact);
+          std::vector<float> out(ref.size(), NAN);
+          table->mla_attention(c.args(out.data()));
+          EXPECT_LE(normalized_error(out, ref), exact ? kExact : kBf16Dot)
+              << "tp=" << tp << (exact ? " exact " : " ") << c.describe();
+        }
       }
     }
 }

@@ -122,6 +122,10 @@ void register_cpu_kernels(Registry& r) {
       Constraints{.weight_dtypes = {DType::BF16, DType::F16, DType::F8_E4M3, DType::MXFP4, DType::INT4_G32},
                   .cpu_isa = "amx-bf16"},
       40, reinterpret_cast<void*>(&cpu_avx512bf16::matmul_group_amx));
+  // Decode on bf16 dot products over the bf16 cache in place (default precision; --exact calls go
+  // on to the avx512 kernel inside): twice the multiply-adds per instruction of fp32 FMAs.
+  add(OpId::mla_attention, "cpu.mla_attention_avx512bf16", reinterpret_cast<void*>(&cpu_avx512bf16::mla_attention_bf16),
+      Constraints{.heads = mla_heads, .kv_dtypes = {DType::BF16}, .cpu_isa = "avx512bf16"}, 30);
   // Prompt-sized runs of query tokens on tiles (flash attention; 5-7x the avx512 kernel's rate on
   // a 1024-token prompt, kernel_bench); decode tokens and --exact calls go on to the avx512 kernel
   // inside.

@@ -25,6 +25,9 @@ void matmul_group_amx(const float* x, int64_t T, const WeightMatrix* const* w, f
 // bf16 probabilities (mla_amx.cpp); exact calls and decode tokens go to
 // cpu_avx512::mla_attention.
 void mla_attention_amx(const MlaAttentionArgs& args);
+// Absorbed MLA attention on vdpbf16ps over a bf16 cache read in place (mla_avx512bf16.cpp): bf16
+// queries and probabilities; exact calls and other cache dtypes go to cpu_avx512::mla_attention.
+void mla_attention_bf16(const MlaAttentionArgs& args);
 }
 
 // fp32-FMA matmul for CPUs with AVX2 + FMA + F16C (matmul_avx2.cpp): bf16 / f16 / f32 / fp8-block /
@@ -43,6 +46,19 @@ void matmul_group(const float* x, int64_t T, const WeightMatrix* const* w, float
                   const MatmulPrecision& precision);
 }
 
+// Absorbed MLA decode attention as spans of one token's context (flash-decoding): the driver
+// (mla_attention_spans, cpu_generic.inc) splits each token's context into spans and its heads into
+// blocks of whole groups, runs one span function per (span, head block) on the pool and merges the
+// spans' partial softmax states; the span functions are the ISA's dot products.
+struct MlaSpanState {
+  float* m;  // [heads] running max of the scores
+  float* l;  // [heads] running sum of exp(score - m)
+  float* o;  // [heads, Cp] unnormalized output (Cp: kv_lora rounded up to 64)
+};
+// Context rows [r0, r1) of query token t for heads [hb, he) (whole groups); writes st's entries
+// of those heads.
+using MlaSpanFn = void (*)(const MlaAttentionArgs& a, int64_t t, int64_t r0, int64_t r1, int64_t hb, int64_t he,
+                           int64_t Cp, const MlaSpanState& st);
 // The portable-vector kernels (cpu_generic.inc), one copy per ISA.
 #define MOAT_CPU_GENERIC_DECLS                                                          \
   void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision); \
@@ -54,7 +70,9 @@ void matmul_group(const float* x, int64_t T, const WeightMatrix* const* w, float
   void softmax(const float* x, int64_t T, int64_t n, float temperature, float* probs);   \
   void argmax(const float* x, int64_t T, int64_t n, int32_t* out);                       \
   void store_latent(const StoreLatentArgs& args);                                        \
-  void mla_attention(const MlaAttentionArgs& args);
+  void mla_attention(const MlaAttentionArgs& args);                                     \
+  /* heads in groups of `group` (a divisor of args.num_heads) */                         \
+  void mla_attention_spans(const MlaAttentionArgs& args, int64_t group, MlaSpanFn span);
 namespace cpu_avx512 {
 MOAT_CPU_GENERIC_DECLS
 }

@@ -13,8 +13,8 @@
 // Precision: the cache rows are bf16 (the default cache dtype), the queries are split into bf16
 // high + low parts (scores as accurate as fp32 queries against that cache), the probabilities are
 // rounded to bf16 for O += P . V as GPU engines' flash attention does; products accumulate in fp32
-// and the online softmax runs in fp32. args.exact (--exact) and calls without a long enough run
-// of one sequence's tokens go to the avx512 kernel.
+// and the online softmax runs in fp32. args.exact (--exact) goes to the avx512 kernel, tokens
+// without a long enough run of their sequence's tokens to the avx512bf16 decode kernel.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -56,7 +56,7 @@ constexpr int64_t kChunkRows = 128;
 // Cache rows packed at a time: K^T and V in B layouts, (576 + 512) x 2 bytes a row (8.9 MB here),
 // shared by every task, whatever the context length.
 constexpr int64_t kSpanRows = 4096;
-// Runs of fewer query rows (tokens x heads) go to the avx512 kernel: packing costs a pass over the
+// Runs of fewer query rows (tokens x heads) go to the decode kernel: packing costs a pass over the
 // context per call, which a decode token (16 rows) or two would not win back.
 constexpr int64_t kMinRunRows = 2 * kPairRows;
 
@@ -404,8 +404,8 @@ void mla_attention_amx(const MlaAttentionArgs& a) {
     return;
   }
   // Runs of one sequence's consecutive tokens long enough for the tiles; the tokens between them
-  // (decode tokens of a mixed batch) go to the avx512 kernel in one call per stretch.
-  auto avx512_tokens = [&](int64_t t0, int64_t t1) {
+  // (decode tokens of a mixed batch) go to the decode kernel in one call per stretch.
+  auto decode_tokens = [&](int64_t t0, int64_t t1) {
     if (t0 >= t1) return;
     MlaAttentionArgs sub = a;
     sub.q = a.q + t0 * H * D;
@@ -413,20 +413,20 @@ void mla_attention_amx(const MlaAttentionArgs& a) {
     sub.token_seq = a.token_seq + t0;
     sub.kv_len = a.kv_len + t0;
     sub.num_tokens = t1 - t0;
-    cpu_avx512::mla_attention(sub);
+    mla_attention_bf16(sub);
   };
   int64_t short_from = 0;
   for (int64_t t = 0; t < T;) {
     int64_t e = t + 1;
     while (e < T && a.token_seq[e] == a.token_seq[t]) ++e;
     if ((e - t) * H >= kMinRunRows) {
-      avx512_tokens(short_from, t);
+      decode_tokens(short_from, t);
       run_amx(a, t, e);
       short_from = e;
     }
     t = e;
   }
-  avx512_tokens(short_from, T);
+  decode_tokens(short_from, T);
 }
 
 }  // namespace moat::ops::cpu_avx512bf16
