@@ -260,8 +260,10 @@ kernel_section() {
   echo "in memory and read 2-3x low). Weight sets are cycled through >= 256 MiB and twice the L3 so every call reads DRAM,"
   echo "as decode does (also in 2 MiB pages)."
   echo "Shapes are [out, in]: 2048x10944 is DeepSeek-V2-Lite's dense down projection, 1408x2048 an expert's"
-  echo "gate or up projection. MLA attention over an fp32 latent cache does ~15 flops per cache byte at"
-  echo "16 heads, so its roofline is min(fp32 FMA peak, bandwidth x 15), which is the FMA peak here."
+  echo "gate or up projection. MLA attention over the bf16 latent cache does ~30 flops per cache byte at"
+  echo "16 heads, so its roofline is min(dot-product peak, bandwidth x 30): the peak of the dot products the kernel"
+  echo "runs (cpu.mla_attention_avx512bf16: vdpbf16ps, its queries split into bf16 hi + lo and its probabilities rounded"
+  echo "to bf16; its \`exact\` row is the fp32-FMA cpu.mla_attention_avx512 that --exact runs; AMX: the tile peak)."
   echo "A bandwidth row above 100% means the kernel (4 prefetched row streams) reads memory slightly"
   echo "faster than the best probe pattern."
   echo

@@ -152,6 +152,13 @@ void convert_x(const float* x, int64_t T, int64_t K, int64_t Kp, uint16_t* xb, u
 // lane-split order (vector A: k = 16L + 0..7, vector B: k = 16L + 8..15 for 128-bit lane L), so
 // the activations are laid out in the same order once per call (permute_x64). Values are exact
 // and normal, which vdpbf16ps needs: it treats bf16 denormals as zero.
+// At one thread on Zen 5 this decode is what bounds fp8 decode: 4 rows x 64 codes and their 8
+// vdpbf16ps from L1 or L2 ran at 52-57 GB/s of codes (the same loop without the decode: 85-89,
+// the decode without the dot products: 65), against ~40 GB/s of memory per core, so the two only
+// partly overlap (a 1408 x 2048 GEMV from memory: ~35 GB/s). Cheaper-looking decodes measured no
+// better there (2026-12-03, same loop): the low byte by shift and mask and the high byte by one
+// 64-entry vpermb, 53-54; both bytes by shifts and adds, 33-34; 16-bit words built in place
+// without the unpacks (shifts, vpermt2b, ternlog selects), 48-56.
 struct Fp8Tables {
   __m512i lo0, lo1, hi0, hi1;  // bytes of bf16(magnitude m): m = 0..63 in *0, 64..127 in *1
 };
