@@ -354,7 +354,7 @@ peer_section() {
     echo "64-69%, and MLA attention over the ~550 cached rows at 0.9-1.4 ms of a 30-55 ms token (1.5-1.9 ms on fp32 FMAs before"
     echo "cpu.mla_attention_avx512bf16). bf16 decode at one thread misses 1.1x in this run (1.13x in the previous one; llama.cpp's"
     echo "repetitions ranged 16.5-21.2 tok/s): both engines are bound by the bandwidth, and moat's routed experts (6 experts x 3"
-    echo "matrices of 5.8 MB a layer) read 13 points below its dense matmuls. FP8 decode at one thread misses 1.2x (1.09x in the"
+    echo "matrices of 5.8 MB a layer) read 3-13 points below its dense matmuls (profiles of 64 and 512 cached tokens). FP8 decode at one thread misses 1.2x (1.09x in the"
     echo "previous run): both engines stream about the same bytes per token (e4m3 at 1 byte a weight, Q8_0 at 1.06, the 420 MB"
     echo "bf16 lm_head in both), and moat's fp8 decode is bound by its decode as much as by memory: the tile's table decode and"
     echo "dot products run at 52-57 GB/s of codes from L1 / L2 against ~40 GB/s of memory per core, so a 1408 x 2048 GEMV reads"
