@@ -18,6 +18,7 @@
 #include <span>
 #include <vector>
 
+#include "base/huge_pages.h"
 #include "base/thread_pool.h"
 #include "kernels/cpu/amx_tiles.h"
 
@@ -31,14 +32,14 @@ using Clock = std::chrono::steady_clock;
 template <typename T>
 class HugeBuffer {
  public:
+  // Always its own mapping, whatever the size (HugePageAllocator puts small arrays on the heap).
   explicit HugeBuffer(size_t n) : n_(n) {
-    constexpr size_t kHuge = size_t{2} << 20;
-    const size_t bytes = std::max<size_t>(kHuge, (n * sizeof(T) + kHuge - 1) / kHuge * kHuge);
-    void* p = std::aligned_alloc(kHuge, bytes);
-    if (!p) throw std::bad_alloc();
+    const size_t bytes = std::max<size_t>(1, (n * sizeof(T) + kHugePageBytes - 1) / kHugePageBytes) * kHugePageBytes;
+    void* p = mmap_huge_aligned(bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1);
+    if (p == MAP_FAILED) throw std::bad_alloc();
     madvise(p, bytes, MADV_HUGEPAGE);
-    std::fill_n(static_cast<char*>(p), bytes, 0);
-    p_.reset(static_cast<T*>(p));
+    std::fill_n(static_cast<char*>(p), bytes, 0);  // faults the pages in before any timing
+    p_ = std::unique_ptr<T, Unmap>(static_cast<T*>(p), Unmap{bytes});
   }
   T* data() { return p_.get(); }
   const T* data() const { return p_.get(); }
@@ -46,10 +47,11 @@ class HugeBuffer {
   T& operator[](size_t i) { return p_.get()[i]; }
 
  private:
-  struct Free {
-    void operator()(T* p) const { std::free(p); }
+  struct Unmap {
+    size_t bytes;
+    void operator()(T* p) const { munmap(p, bytes); }
   };
-  std::unique_ptr<T, Free> p_;
+  std::unique_ptr<T, Unmap> p_;
   size_t n_;
 };
 

@@ -10,6 +10,25 @@
 
 namespace moat::ops::avx512 {
 
+// Masks of the first n lanes (16 floats) or words (32 bf16): all for n past the vector, none for n <= 0.
+inline __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
+inline __mmask32 first_words(int64_t n) {
+  return n >= 32 ? ~__mmask32(0) : n <= 0 ? __mmask32(0) : __mmask32((1u << n) - 1);
+}
+
+// 32 fp32 values (x0: the first 16, x1: the next 16) as bf16 high parts (round to nearest even) and
+// low parts (the rounding residues x - float(high), rounded again): high + low carries ~16
+// significant bits, so dot products against bf16 data are as accurate as with fp32 x (the MLA
+// kernels' queries). Its own target: kda_cpu.cpp includes this file without AVX-512 BF16.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void split_bf16x32(__m512 x0, __m512 x1, __m512i& high, __m512i& low) {
+  high = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+  const __m512 back0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(high)), 16));
+  const __m512 back1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(high, 1)), 16));
+  low = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, back1), _mm512_sub_ps(x0, back0));
+}
+
 // 16 rows of 32 bf16 (16 column pairs each, as dwords) -> 16 vectors, vector j = pair j of rows
 // 0..15: a 16x16 dword transpose in 4 rounds of 16 shuffles.
 __attribute__((always_inline)) inline void transpose16(__m512i (&r)[16]) {

@@ -38,7 +38,9 @@
 namespace moat::ops::cpu_avx512bf16 {
 namespace {
 
+using avx512::first_lanes;
 using avx512::pack_x_vnni16;
+using avx512::split_bf16x32;
 using avx512::vexp;
 
 constexpr int64_t kTileRows = 16;   // rows of an A or C tile
@@ -59,10 +61,6 @@ constexpr int64_t kSpanRows = 4096;
 // Runs of fewer query rows (tokens x heads) go to the decode kernel: packing costs a pass over the
 // context per call, which a decode token (16 rows) or two would not win back.
 constexpr int64_t kMinRunRows = 2 * kPairRows;
-
-inline __mmask16 first_lanes(int64_t n) {
-  return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
-}
 
 // One context row as bf16 [Dp] (dims D..Dp-1 zero), whatever the cache's dtype.
 void latent_row_bf16(const LatentPages& c, int64_t slot, int64_t D, int64_t Dp, uint16_t* dst) {
@@ -315,12 +313,8 @@ void task_span(const Run& run, int64_t g, int64_t span0, const PackedSpan& span,
         lo = _mm512_maskz_loadu_ps(first_lanes(D - d), src + d);
         hi = _mm512_maskz_loadu_ps(first_lanes(D - d - 16), src + d + 16);
       }
-      const __m512i big = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-      // the rounding residues: x - float(bf16(x)), per half
-      const __m512 lo_back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(big)), 16));
-      const __m512 hi_back =
-          _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(big, 1)), 16));
-      const __m512i small = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(hi, hi_back), _mm512_sub_ps(lo, lo_back));
+      __m512i big, small;
+      split_bf16x32(lo, hi, big, small);
       _mm512_storeu_si512(dst + 2 * st * kTileElems, big);
       _mm512_storeu_si512(dst + (2 * st + 1) * kTileElems, small);
     }

@@ -40,15 +40,14 @@
 namespace moat::ops::cpu_avx512bf16 {
 namespace {
 
+using avx512::first_lanes;
+using avx512::first_words;
+using avx512::split_bf16x32;
 using avx512::vexp;
 
 // Cache rows per online-softmax step: their scores ([256][8] fp32, 8 KiB) and probabilities stay in
 // L1, the rows themselves (256 x 1152 bytes) in L2 between the score and output passes.
 constexpr int64_t kChunkRows = 256;
-
-inline __mmask32 first_words(int64_t n) {
-  return n >= 32 ? ~__mmask32(0) : n <= 0 ? __mmask32(0) : __mmask32((1u << n) - 1);
-}
 
 // The 16 horizontal sums of v[0..15] as one vector, lane i = sum of v[i]: four rounds of
 // shuffles and adds (45 instructions for 16 sums, where 16 separate reductions take ~100).
@@ -233,7 +232,7 @@ void span_bf16(const MlaAttentionArgs& a, int64_t t, int64_t r0, int64_t r1, int
   w.q.assign(static_cast<size_t>((he - hb) * 2 * Dp), 0);  // (he - hb) / G groups of Dp / 32 x G x 2 x 32
   w.rows.resize(static_cast<size_t>(kChunkRows + 4));
   w.ahead.resize(static_cast<size_t>(kChunkRows + 4));
-  w.zero_row.assign(static_cast<size_t>(Dp), 0);
+  if (static_cast<int64_t>(w.zero_row.size()) < Dp) w.zero_row.assign(static_cast<size_t>(Dp), 0);  // never written
   w.scores.resize(static_cast<size_t>((kChunkRows + 4) * G));
   w.pairs.resize(static_cast<size_t>((kChunkRows / 2 + 2) * G));
   for (int64_t h = hb; h < he; ++h) {  // queries to bf16 high + low parts (round to nearest even)
@@ -241,13 +240,10 @@ void span_bf16(const MlaAttentionArgs& a, int64_t t, int64_t r0, int64_t r1, int
     const int64_t g = (h - hb) / G, hg = (h - hb) % G;
     for (int64_t d = 0; d < D; d += 32) {
       uint16_t* hi = w.q.data() + g * 2 * G * Dp + d * 2 * G + 64 * hg;  // [2, 32]
-      const __m512 x0 = _mm512_maskz_loadu_ps(static_cast<__mmask16>(first_words(D - d)), src + d);
-      const __m512 x1 = _mm512_maskz_loadu_ps(static_cast<__mmask16>(first_words(D - d - 16)), src + d + 16);
-      const __m512i h16 = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
-      // the parts' values back in fp32: bf16 is fp32's upper half
-      const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h16)), 16));
-      const __m512 h1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h16, 1)), 16));
-      const __m512i l16 = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0));
+      const __m512 x0 = _mm512_maskz_loadu_ps(first_lanes(D - d), src + d);
+      const __m512 x1 = _mm512_maskz_loadu_ps(first_lanes(D - d - 16), src + d + 16);
+      __m512i h16, l16;
+      split_bf16x32(x0, x1, h16, l16);
       _mm512_mask_storeu_epi16(hi, first_words(D - d), h16);
       _mm512_mask_storeu_epi16(hi + 32, first_words(D - d), l16);
     }
