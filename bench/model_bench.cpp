@@ -8,7 +8,9 @@
 //                      the latent rows of the MLA layers (read at the context length, one written).
 //                      The bandwidth is measured on the memory holding the weights (all files'
 //                      mappings or copies, up to 8 GiB) when it is larger than the caches: on VMs
-//                      that memory can read far slower than a freshly allocated buffer (both shown)
+//                      that memory can read far slower than a freshly allocated buffer (both shown).
+//                      Decode's is read around each timed repetition (one-pass probes before and
+//                      after it), as the VM's bandwidth drifts from minute to minute
 //   prefill roofline = the slower of the FLOPs per prompt at the matmul peak (AMX's where the bf16
 //                      matmul resolves to it, else vdpbf16ps') and the weight bytes the prompt's
 //                      forward reads (weight_bytes_per_step) at the bandwidth; FLOPs per prompt:
@@ -287,14 +289,35 @@ int main(int argc, char** argv) {
   // Each repetition decodes the same positions again after the prompt and warm-up (their latent
   // rows are overwritten; a hybrid model's recurrent state runs on, which costs the same), as
   // llama-bench's tg repetitions each start over.
+  // The memory holding the weights (every file's mapping or copy, up to 8 GiB), when it is larger
+  // than the caches: on VMs it can read far slower than a freshly allocated buffer (both shown).
+  bench::Regions weight_regions;
+  if (model.checkpoint().total_bytes() >= (512ull << 20)) {
+    size_t budget = 8ull << 30;
+    for (const auto& f : model.checkpoint().files()) {
+      const size_t n = std::min(f->file_size(), budget);
+      budget -= n;
+      weight_regions.emplace_back(reinterpret_cast<const float*>(f->mapping()), static_cast<int64_t>(n / sizeof(float)));
+    }
+  }
+  // Decode streams those weights, so its limit is their read speed in the same minute: a one-pass
+  // probe before each repetition and after the last (bench::read_bandwidth_one_pass), each
+  // repetition set against the mean of the two around it. (A model that fits in the caches has no
+  // DRAM limit to track, and a probe would evict it.)
   std::vector<double> decode_runs_s;  // seconds per repetition of decode_tokens steps
+  std::vector<double> probe_gbs;      // [repetitions + 1] around them; empty without weight_regions
+  auto probe = [&] {
+    if (!weight_regions.empty()) probe_gbs.push_back(bench::read_bandwidth_one_pass(weight_regions).gbs);
+  };
   for (int64_t r = 0; r < a.repetitions; ++r) {
     position = a.prompt_tokens + kWarmupDecodeSteps;
     next_token = first_token;
+    probe();
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t n = 0; n < a.decode_tokens; ++n) decode_step();
     decode_runs_s.push_back(bench::seconds_since(t0));
   }
+  probe();
   model.set_op_profile(nullptr);
   // median (the upper one of an even count: the slower) and the range, as llama-bench reports
   auto median = [](std::vector<double> v) {
@@ -316,18 +339,9 @@ int main(int argc, char** argv) {
   // Rooflines from this process's own measurement of the machine.
   bench::HugeBuffer<float> bw_buf((512ll << 20) / 4);
   const double fresh_bandwidth = bench::read_bandwidth_gbs(bw_buf) * 1e9;
-  double bandwidth = fresh_bandwidth;
-  if (model.checkpoint().total_bytes() >= (512ull << 20)) {
-    // the whole checkpoint (up to 8 GiB): on a VM, regions of guest memory can differ in speed
-    std::vector<std::pair<const float*, int64_t>> regions;
-    size_t budget = 8ull << 30;
-    for (const auto& f : model.checkpoint().files()) {
-      const size_t n = std::min(f->file_size(), budget);
-      budget -= n;
-      regions.emplace_back(reinterpret_cast<const float*>(f->mapping()), static_cast<int64_t>(n / sizeof(float)));
-    }
-    bandwidth = bench::read_bandwidth_gbs(regions) * 1e9;
-  }
+  // best of 3 rounds of each pattern: the prefill roofline's bandwidth and the decode's where no
+  // probes ran around the repetitions
+  const double bandwidth = weight_regions.empty() ? fresh_bandwidth : bench::read_bandwidth_gbs(weight_regions) * 1e9;
   const bench::MatmulPeak peak = bench::matmul_peak();
   const double bf16_peak = peak.gflops * 1e9;
 
@@ -339,7 +353,24 @@ int main(int argc, char** argv) {
   const double kv_read = (avg_ctx + 1) * row_bytes;
   const double state_rw = 2.0 * static_cast<double>(model.state_bytes_per_request());
   const double decode_bytes = static_cast<double>(active.bytes) + state_rw + kv_read;
-  const double decode_roof_tps = bandwidth / decode_bytes;
+  // The decode limit: with probes around the repetitions, each repetition is set against the mean
+  // of the two either side of it; the % shown is the median of those shares, the roofline the
+  // median of those bandwidths. Without them, the one probe above.
+  double decode_bandwidth = bandwidth;
+  std::vector<double> rep_pct;  // [repetitions] % of the bandwidth around each
+  if (!probe_gbs.empty()) {
+    std::vector<double> around;
+    for (size_t r = 0; r < decode_runs_s.size(); ++r) {
+      around.push_back(0.5e9 * (probe_gbs[r] + probe_gbs[r + 1]));
+      rep_pct.push_back(100 * static_cast<double>(a.decode_tokens) * decode_bytes / decode_runs_s[r] / around.back());
+    }
+    decode_bandwidth = median(around);
+  } else {
+    rep_pct.push_back(100 * decode_bytes / decode_s / bandwidth);
+  }
+  std::sort(rep_pct.begin(), rep_pct.end());
+  const double decode_pct = rep_pct[(rep_pct.size() - 1) / 2];  // the lower middle of an even count
+  const double decode_roof_tps = decode_bandwidth / decode_bytes;
   const double prompt_flops = prefill_flops(c, static_cast<double>(active.params), a.prompt_tokens, a.prompt_tokens);
   // A prompt's forward reads the weights once (a MoE's routed experts: those its tokens touch), so
   // its time is at least the larger of its FLOPs at the matmul peak and those bytes at the
@@ -357,7 +388,7 @@ int main(int argc, char** argv) {
     const auto& b = profile.buckets[k];
     return b.seconds > 0 ? b.weight_bytes / b.seconds / 1e9 : 0.0;
   };
-  auto kind_share = [&](ops::OpProfile::Kind k) { return 100 * kind_gbs(k) * 1e9 / bandwidth; };
+  auto kind_share = [&](ops::OpProfile::Kind k) { return 100 * kind_gbs(k) * 1e9 / decode_bandwidth; };
   const double rest_ms = 1e3 * (decode_total_s - profile.seconds()) / decoded;
   if (a.markdown && a.profile) {
     // | model | threads | decode tok/s | ms / token | matmul ms (GB/s, % of bandwidth) | routed experts ms (GB/s,
@@ -375,13 +406,13 @@ int main(int argc, char** argv) {
     std::printf("| %s | %d | %s, %s | %lld | %.0f | %.2f | %.2f | %.3f | %.2f | %.1f / %.1f | %.2f | %.2f | %.0f%% |\n",
                 a.model.c_str(), a.threads, a.exact ? "exact" : "default", a.weights_in_memory ? "in memory" : "mmap",
                 static_cast<long long>(model.state_bytes_per_request()), avg_ctx, active.bytes / 1e6, state_rw / 1e6, kv_read / 1e6, decode_bytes / 1e6, bandwidth / 1e9,
-                fresh_bandwidth / 1e9, decode_tps, decode_roof_tps, 100 * decode_tps / decode_roof_tps);
+                fresh_bandwidth / 1e9, decode_tps, decode_roof_tps, decode_pct);
   } else if (a.markdown) {
     std::printf("| %s | %d | %s, %s, %.0f%% | %.1f / %.1f | %.1f | %.1f | %.0f%% | %.2f | %.2f | %.0f%% | %.0f | %.0f + %.0f | %.2f |\n",
                 a.model.c_str(), a.threads, a.exact ? "exact" : "default",
                 a.weights_in_memory ? "in memory" : "mmap", huge_pct, bandwidth / 1e9, fresh_bandwidth / 1e9,
                 prefill_tps, prefill_roof_tps,
-                100 * prefill_tps / prefill_roof_tps, decode_tps, decode_roof_tps, 100 * decode_tps / decode_roof_tps,
+                100 * prefill_tps / prefill_roof_tps, decode_tps, decode_roof_tps, decode_pct,
                 rss, ckpt_mib, kv_mib, rss / (ckpt_mib + kv_mib));
   } else {
     std::printf("model %s, %d thread(s), %s activations\n", a.model.c_str(), a.threads, a.exact ? "exact" : "default");
@@ -396,9 +427,15 @@ int main(int argc, char** argv) {
                 "weights per prompt\n",
                 static_cast<long long>(a.prompt_tokens), prefill_tps, prefill_roof_tps,
                 100 * prefill_tps / prefill_roof_tps, prefill_bound, prompt_flops / 1e9, prompt_bytes / 1e9);
-    std::printf("  decode: %.2f tok/s, roofline %.2f tok/s (%.0f%%): %.1f GB/s moved, %.0f%% of the measured bandwidth\n",
-                decode_tps, decode_roof_tps, 100 * decode_tps / decode_roof_tps, decode_tps * decode_bytes / 1e9,
-                100 * decode_tps * decode_bytes / bandwidth);
+    std::printf("  decode: %.2f tok/s, roofline %.2f tok/s (%.0f%%): %.1f GB/s moved\n", decode_tps, decode_roof_tps,
+                decode_pct, decode_tps * decode_bytes / 1e9);
+    if (!probe_gbs.empty()) {
+      const auto [slow, fast] = std::minmax_element(probe_gbs.begin(), probe_gbs.end());
+      const auto [low, high] = std::minmax_element(rep_pct.begin(), rep_pct.end());
+      std::printf("  decode's limit: the weights' memory read %.1f-%.1f GB/s in one-pass probes around the repetitions; "
+                  "each repetition read %.0f-%.0f%% of the mean of the two either side of it\n",
+                  *slow, *fast, *low, *high);
+    }
     if (a.repetitions > 1)
       std::printf("  median of %lld repetitions: prefill %.1f-%.1f tok/s, decode %.1f-%.1f tok/s\n",
                   static_cast<long long>(a.repetitions), a.prompt_tokens / *prefill_slow, a.prompt_tokens / *prefill_fast,
@@ -408,7 +445,7 @@ int main(int argc, char** argv) {
     if (a.profile) {
       // per decode token, and the whole timed prefill: where the time goes and how fast each kind
       // streams its weights
-      auto print_profile = [&](const ops::OpProfile& prof, double total_s, double per) {
+      auto print_profile = [&](const ops::OpProfile& prof, double total_s, double per, double bw) {
         for (int k = 0; k < ops::OpProfile::kNumKinds; ++k) {
           const auto& b = prof.buckets[k];
           if (b.calls == 0) continue;
@@ -416,7 +453,7 @@ int main(int argc, char** argv) {
                       static_cast<double>(b.calls) / per);
           if (b.weight_bytes > 0)
             std::printf(", %.1f MB of weights at %.1f GB/s (%.0f%% of the bandwidth)", b.weight_bytes / per / 1e6,
-                        b.weight_bytes / b.seconds / 1e9, 100 * b.weight_bytes / b.seconds / bandwidth);
+                        b.weight_bytes / b.seconds / 1e9, 100 * b.weight_bytes / b.seconds / bw);
           std::printf("\n");
         }
         std::printf("    %-16s %7.2f ms (norms, routing, residuals, embedding, argmax)\n", "rest",
@@ -424,9 +461,9 @@ int main(int argc, char** argv) {
       };
       const double reps = static_cast<double>(a.repetitions);
       std::printf("  prefill time by kind of op (%.1f ms in all):\n", 1e3 * prefill_total_s / reps);
-      print_profile(prefill_profile, prefill_total_s, reps);
+      print_profile(prefill_profile, prefill_total_s, reps, bandwidth);
       std::printf("  decode time per token by kind of op (%.2f ms in all):\n", 1e3 * decode_total_s / decoded);
-      print_profile(profile, decode_total_s, decoded);
+      print_profile(profile, decode_total_s, decoded, decode_bandwidth);
     }
   }
   return 0;

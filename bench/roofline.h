@@ -218,22 +218,44 @@ struct Bandwidth {
 // GB/s summing the float regions {pointer, count} in turn (any readable memory: a fresh buffer,
 // or the weights' own mappings), split over the pool's threads in 16 KiB blocks; the best of
 // kReadPatterns.
-inline Bandwidth read_bandwidth(const std::vector<std::pair<const float*, int64_t>>& regions, double budget = 0.6) {
-  std::vector<float> sink(64);
+using Regions = std::vector<std::pair<const float*, int64_t>>;
+inline double region_bytes(const Regions& regions) {
   double bytes = 0;
   for (const auto& [p, n] : regions) bytes += static_cast<double>(n / 4096 * 4096) * 4.0;
+  return bytes;
+}
+// One pass of pattern `pat` over the regions.
+inline void sum_regions(const Regions& regions, const ReadPattern& pat) {
+  std::vector<float> sink(64);
+  for (const auto& [p, n] : regions)
+    thread_pool().parallel_for(
+        n / 4096, [&, p = p](int64_t b, int64_t e) { sink[b % 64] += pat.fn(p + b * 4096, (e - b) * 4096); }, 1);
+}
+inline Bandwidth read_bandwidth(const Regions& regions, double budget = 0.6) {
+  const double bytes = region_bytes(regions);
   Bandwidth best{0, ""};
   for (const ReadPattern& pat : read_patterns()) {
-    const double s = time_per_call([&] {
-      for (const auto& [p, n] : regions)
-        thread_pool().parallel_for(
-            n / 4096, [&, p = p](int64_t b, int64_t e) { sink[b % 64] += pat.fn(p + b * 4096, (e - b) * 4096); }, 1);
-    }, budget);
+    const double s = time_per_call([&] { sum_regions(regions, pat); }, budget);
     if (bytes / s / 1e9 > best.gbs) best = {bytes / s / 1e9, pat.name};
   }
   return best;
 }
-inline double read_bandwidth_gbs(const std::vector<std::pair<const float*, int64_t>>& regions) {
+// One pass of each pattern, the best: quick enough (about 1 s over 8 GiB) to run between a
+// benchmark's repetitions, so that a run's limit is read in the same minute as the run. This VM's
+// bandwidth drifts 10-30% from minute to minute: model_bench's bf16 and fp8 decode, set against one
+// probe taken after the run, read 72-91% of it in runs a few minutes apart (2026-12-03, Zen 5).
+inline Bandwidth read_bandwidth_one_pass(const Regions& regions) {
+  const double bytes = region_bytes(regions);
+  Bandwidth best{0, ""};
+  for (const ReadPattern& pat : read_patterns()) {
+    const auto t0 = Clock::now();
+    sum_regions(regions, pat);
+    const double gbs = bytes / seconds_since(t0) / 1e9;
+    if (gbs > best.gbs) best = {gbs, pat.name};
+  }
+  return best;
+}
+inline double read_bandwidth_gbs(const Regions& regions) {
   return read_bandwidth(regions).gbs;
 }
 inline double read_bandwidth_gbs(const HugeBuffer<float>& buf) {
