@@ -130,6 +130,14 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   }
 }
 
+namespace {
+std::atomic<int64_t> g_min_parallel_chunk_bytes{kDefaultMinParallelChunkBytes};
+}  // namespace
+int64_t min_parallel_chunk_bytes() { return g_min_parallel_chunk_bytes.load(std::memory_order_relaxed); }
+void set_min_parallel_chunk_bytes(int64_t bytes) {
+  g_min_parallel_chunk_bytes.store(std::max<int64_t>(0, bytes), std::memory_order_relaxed);
+}
+
 int resolve_num_threads(int num_threads) {
   return num_threads > 0 ? num_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }

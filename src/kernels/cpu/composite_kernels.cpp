@@ -112,8 +112,15 @@ void moe_experts_cpu(const MoeExpertsArgs& a, const InnerOps& inner) {
     max_rows = std::max(max_rows, s.expert_begin[e + 1] - s.expert_begin[e]);
     min_rows = std::min(min_rows, s.expert_begin[e + 1] - s.expert_begin[e]);
   }
-  const bool side_by_side =
-      threads > 1 && max_rows <= kSideBySideMaxRows && static_cast<int64_t>(s.active.size()) >= threads;
+  // Experts too small to pay for a dispatch each (k3-nano's: 96 KiB a layer in all) run in turn
+  // on this thread; their matmuls are under the matmul's own split threshold as well.
+  double active_bytes = 0;
+  for (int32_t e : s.active)
+    active_bytes += static_cast<double>(a.experts[e].gate_proj.bytes() + a.experts[e].up_proj.bytes() +
+                                        a.experts[e].down_proj.bytes());
+  const bool side_by_side = threads > 1 && max_rows <= kSideBySideMaxRows &&
+                            static_cast<int64_t>(s.active.size()) >= threads &&
+                            active_bytes >= static_cast<double>(threads * min_parallel_chunk_bytes());
   if (side_by_side && min_rows == max_rows) {  // one token's experts: equal shares of the pool
     pool.parallel_for(static_cast<int64_t>(s.active.size()), [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) run_expert(s.active[i]);
@@ -181,7 +188,7 @@ void head_matmul_cpu(const HeadMatmulArgs& a, const InnerOps& inner) {
   if (heads >= pool.num_threads()) {
     pool.parallel_for(heads, [&](int64_t h0, int64_t h1) {
       for (int64_t h = h0; h < h1; ++h) run_head(h);
-    });
+    }, grain_for_bytes(static_cast<double>(w0.bytes()) * static_cast<double>(T)));
   } else {
     for (int64_t h = 0; h < heads; ++h) run_head(h);
   }

@@ -980,7 +980,7 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
         const DirectArgs a{ws[i], xdp, Kp, ys[i], fp8_exponent, xqp, xsp};
         run_direct(a, T, (lo - first[i]) * 4, std::min(ws[i]->out_features, (hi - first[i]) * 4));
       }
-    }, std::max<int64_t>(1, 2048 / Kp));
+    }, grain_for_bytes(4.0 * static_cast<double>(w0.bytes()) / static_cast<double>(w0.out_features) * static_cast<double>(T)));
     return;
   }
   thread_local std::vector<float> xp;

@@ -1455,16 +1455,18 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
       }
     }
   };
-  // The pool splits the group's 4-row groups, matrix after matrix, as if they were one matrix.
+  // The pool splits the group's 4-row groups, matrix after matrix, as if they were one matrix;
+  // a group's work is its weight bytes once per token (small calls stay on one thread).
   std::array<int64_t, kMaxMatmulGroup + 1> first{};  // first[i]: matrix i's first 4-row group
   for (int64_t i = 0; i < count; ++i) first[i + 1] = first[i] + (ws[i]->out_features + 3) / 4;
+  const double group_bytes = 4.0 * static_cast<double>(w.bytes()) / static_cast<double>(w.out_features);
   thread_pool().parallel_for(first[count], [&](int64_t g0, int64_t g1) {
     for (int64_t i = 0; i < count; ++i) {
       const int64_t lo = std::max(g0, first[i]), hi = std::min(g1, first[i + 1]);
       if (lo < hi)
         run_rows_of(*ws[i], ys[i], (lo - first[i]) * 4, std::min(ws[i]->out_features, (hi - first[i]) * 4));
     }
-  }, std::max<int64_t>(1, 2048 / Kp));
+  }, grain_for_bytes(group_bytes * static_cast<double>(T)));
 }
 
 }  // namespace
