@@ -6,8 +6,9 @@
 //                      32), a hybrid model's recurrent state (state_bytes_per_request(), read and
 //                      written once per token: the KDA layers' conv inputs and fp32 states), and
 //                      the latent rows of the MLA layers (read at the context length, one written).
-//                      The bandwidth is measured on the memory holding the weights (all files'
-//                      mappings or copies, up to 8 GiB) when it is larger than the caches: on VMs
+//                      The bandwidth is measured on the memory holding the weights (the files'
+//                      mappings or copies and the realigned matrices: DeepseekModel::weight_memory,
+//                      up to 8 GiB) when it is larger than the caches: on VMs
 //                      that memory can read far slower than a freshly allocated buffer (both shown).
 //                      Decode's is read around each timed repetition (one-pass probes before and
 //                      after it), as the VM's bandwidth drifts from minute to minute
@@ -26,11 +27,14 @@
 // timestamps at each layer's output (a layer's time is its attention plus its MLP / MoE). A
 // linear-attention layer's time per token is flat in N; an MLA layer's grows with N.
 //
+// --no-realign: the weights stay where the checkpoint has them, off cache lines or not
+// (DeepseekModel::Options::realign_weights), to measure what realigning them gains.
+//
 // --repetitions N: the prefill and the decode run N times each (after the untimed ones): the rows
 // give the median, the readable summary also the range (llama-bench -r N reports the same way).
 //
 //   model_bench --model DIR [--threads N] [--prompt-tokens 512] [--decode-tokens 32] [--repetitions 1] [--exact]
-//               [--weights-in-memory] [--markdown] [--decode-bytes]
+//               [--weights-in-memory] [--no-realign] [--markdown] [--decode-bytes]
 //               [--contexts 1024,8192] [--prefill-chunk 2048]
 #include <sys/resource.h>
 
@@ -68,6 +72,7 @@ struct Args {
   int64_t repetitions = 1;  // prefill and decode timed this many times each: the median, and the range
   bool exact = false;  // OpTable::set_exact_activations
   bool weights_in_memory = false;
+  bool realign = true;  // DeepseekModel::Options::realign_weights (--no-realign: weights where the checkpoint has them)
   bool markdown = false;
   bool decode_bytes = false;     // the markdown row is the decode byte breakdown
   bool profile = false;          // the markdown row is the decode time by kind of op
@@ -137,6 +142,7 @@ int main(int argc, char** argv) {
     else if (s == "--repetitions") a.repetitions = std::stoll(next());
     else if (s == "--exact") a.exact = true;
     else if (s == "--weights-in-memory") a.weights_in_memory = true;
+    else if (s == "--no-realign") a.realign = false;
     else if (s == "--markdown") a.markdown = true;
     else if (s == "--decode-bytes") a.decode_bytes = true;
     else if (s == "--profile") a.profile = true;
@@ -151,7 +157,7 @@ int main(int argc, char** argv) {
       a.contexts = *counts;
     } else if (s == "--prefill-chunk") a.prefill_chunk = std::stoll(next());
     else {
-      std::fprintf(stderr, "usage: model_bench --model DIR [--threads N] [--prompt-tokens N] [--decode-tokens N] [--repetitions N] [--exact] [--weights-in-memory] [--markdown] [--decode-bytes] [--profile] [--contexts N1,N2,...] [--prefill-chunk N]\n");
+      std::fprintf(stderr, "usage: model_bench --model DIR [--threads N] [--prompt-tokens N] [--decode-tokens N] [--repetitions N] [--exact] [--weights-in-memory] [--no-realign] [--markdown] [--decode-bytes] [--profile] [--contexts N1,N2,...] [--prefill-chunk N]\n");
       return 2;
     }
   }
@@ -170,7 +176,8 @@ int main(int argc, char** argv) {
                                               .exact_activations = a.exact,
                                               .weights = a.weights_in_memory ? WeightPlacement::memory
                                                                              : WeightPlacement::mmap,
-                                              .threads = a.threads});
+                                              .threads = a.threads,
+                                              .realign_weights = a.realign});
   if (!loaded) {
     std::fprintf(stderr, "model_bench: %s\n", loaded.error().message.c_str());
     return 1;
@@ -289,15 +296,20 @@ int main(int argc, char** argv) {
   // Each repetition decodes the same positions again after the prompt and warm-up (their latent
   // rows are overwritten; a hybrid model's recurrent state runs on, which costs the same), as
   // llama-bench's tg repetitions each start over.
-  // The memory holding the weights (every file's mapping or copy, up to 8 GiB), when it is larger
-  // than the caches: on VMs it can read far slower than a freshly allocated buffer (both shown).
+  // The memory the weights are read from (DeepseekModel::weight_memory: the checkpoint's mapping or
+  // copy, and the realigned copies; up to 8 GiB), when it is larger than the caches: on VMs it can
+  // read far slower than a freshly allocated buffer (both shown). Each range starts on a cache line,
+  // as the weights do, and leaves out pieces under 1 MiB.
   bench::Regions weight_regions;
   if (model.checkpoint().total_bytes() >= (512ull << 20)) {
     size_t budget = 8ull << 30;
-    for (const auto& f : model.checkpoint().files()) {
-      const size_t n = std::min(f->file_size(), budget);
-      budget -= n;
-      weight_regions.emplace_back(reinterpret_cast<const float*>(f->mapping()), static_cast<int64_t>(n / sizeof(float)));
+    for (const auto& [p, n] : model.weight_memory()) {
+      const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63};
+      const uintptr_t end = reinterpret_cast<uintptr_t>(p) + n;
+      if (end < begin + (1u << 20)) continue;
+      const size_t bytes = std::min<size_t>(end - begin, budget);
+      budget -= bytes;
+      weight_regions.emplace_back(reinterpret_cast<const float*>(begin), static_cast<int64_t>(bytes / sizeof(float)));
     }
   }
   // Decode streams those weights, so its limit is their read speed in the same minute: a one-pass
@@ -333,7 +345,7 @@ int main(int argc, char** argv) {
   for (double t : prefill_runs_s) prefill_total_s += t;
   for (double t : decode_runs_s) decode_total_s += t;
   const double rss = peak_rss_mib();
-  const auto pages = model.checkpoint().page_stats();
+  const auto pages = model.weight_page_stats();
   const double huge_pct = 100.0 * static_cast<double>(pages.huge) / static_cast<double>(std::max<size_t>(1, pages.resident));
 
   // Rooflines from this process's own measurement of the machine.
@@ -416,7 +428,8 @@ int main(int argc, char** argv) {
                 rss, ckpt_mib, kv_mib, rss / (ckpt_mib + kv_mib));
   } else {
     std::printf("model %s, %d thread(s), %s activations\n", a.model.c_str(), a.threads, a.exact ? "exact" : "default");
-    std::printf("  resident weights in 2 MiB pages: %.0f%%\n", huge_pct);
+    std::printf("  resident weights in 2 MiB pages: %.0f%%; %.0f MiB of them copied onto cache lines at load\n", huge_pct,
+                static_cast<double>(model.realigned_weight_bytes()) / (1 << 20));
     std::printf("  measured: bandwidth %.1f GB/s reading the weights' memory (%.1f GB/s a fresh buffer), matmul peak %.1f GFLOPS (%s)\n",
                 bandwidth / 1e9, fresh_bandwidth / 1e9, bf16_peak / 1e9, peak.probe);
     std::printf("  bytes per decode token: %.2f MB of weights (%.1fM params) + %.2f MB of state read and written "

@@ -22,6 +22,33 @@ inline constexpr size_t kHugePageBytes = size_t{2} << 20;
 // modulo 2 MiB).
 void* mmap_huge_aligned(size_t size, int prot, int flags, int fd);
 
+// Resident bytes of the mapping that starts at `start`, and how many of them the kernel maps with
+// 2 MiB pages (/proc/self/smaps: Rss, FilePmdMapped + AnonHugePages); zeros where unknown.
+struct MappingPageStats {
+  size_t resident = 0, huge = 0;
+};
+MappingPageStats mapping_page_stats(const void* start);
+
+// `bytes` of anonymous memory in a 2 MiB-aligned mapping of its own, advised MADV_HUGEPAGE and left
+// untouched (no zero fill: pages are faulted in as they are first written, so filling it from a
+// mapped checkpoint while dropping the source's pages never holds both in full). Move-only.
+class HugePageBuffer {
+ public:
+  HugePageBuffer() = default;
+  explicit HugePageBuffer(size_t bytes);
+  HugePageBuffer(HugePageBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr, o.bytes_ = 0; }
+  HugePageBuffer& operator=(HugePageBuffer&& o) noexcept;
+  HugePageBuffer(const HugePageBuffer&) = delete;
+  HugePageBuffer& operator=(const HugePageBuffer&) = delete;
+  ~HugePageBuffer();
+  uint8_t* data() const { return static_cast<uint8_t*>(p_); }
+  size_t size() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 template <class T>
 struct HugePageAllocator {
   using value_type = T;
@@ -32,11 +59,14 @@ struct HugePageAllocator {
   static size_t mapped_bytes(size_t n) { return (n * sizeof(T) + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes; }
 
   // Below half a huge page the heap: a mapping of its own would cost a whole huge page of memory.
+  // Cache-line aligned there too: kernels stream rows with 64-byte vector loads, and from a row off
+  // a line boundary every one of them touches two lines (see kWeightAlignment in base/weight.h).
   static bool small(size_t n) { return n * sizeof(T) < kHugePageBytes / 2; }
+  static constexpr std::align_val_t kSmallAlignment{64};
 
   T* allocate(size_t n) {
     if (n == 0) return nullptr;
-    if (small(n)) return static_cast<T*>(::operator new(n * sizeof(T)));
+    if (small(n)) return static_cast<T*>(::operator new(n * sizeof(T), kSmallAlignment));
     const size_t bytes = mapped_bytes(n);
     void* p = mmap_huge_aligned(bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1);
     if (p == MAP_FAILED) throw std::bad_alloc();
@@ -45,7 +75,7 @@ struct HugePageAllocator {
   }
   void deallocate(T* p, size_t n) noexcept {
     if (!p) return;
-    if (small(n)) ::operator delete(p);
+    if (small(n)) ::operator delete(p, kSmallAlignment);
     else munmap(p, mapped_bytes(n));
   }
   friend bool operator==(const HugePageAllocator&, const HugePageAllocator&) { return true; }

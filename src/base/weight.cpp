@@ -1,6 +1,8 @@
 #include "base/weight.h"
 
+#include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "base/check.h"
 
@@ -127,6 +129,61 @@ Result<WeightMatrix> copy_columns(const WeightMatrix& w, int64_t col_begin, int6
     std::memcpy(&storage.data[r * num_cols * elem], src + (r * w.in_features + col_begin) * elem, num_cols * elem);
   out.data = storage.data.data();
   return out;
+}
+
+int64_t realign_weights(const std::vector<WeightMatrix*>& matrices, HugePageBuffer& arena,
+                        const std::function<void(const void*, size_t)>& release) {
+  auto round_up = [](int64_t n) { return (n + static_cast<int64_t>(kWeightAlignment) - 1) / kWeightAlignment * kWeightAlignment; };
+  auto data_bytes = [](const WeightMatrix& w) {
+    return w.is_4bit() ? w.out_features * w.packed_row_bytes()
+                       : w.out_features * w.in_features * static_cast<int64_t>(dtype_size(w.dtype));
+  };
+  auto scale_bytes = [](const WeightMatrix& w) {
+    return w.is_4bit() ? w.out_features * w.groups_per_row() * w.group_scale_bytes() : int64_t{0};
+  };
+  // Each source once, by address (the largest extent any matrix reads from it), in first-use order.
+  struct Source {
+    int64_t bytes = 0, offset = 0;
+    bool copied = false;
+  };
+  std::map<const void*, Source> sources;
+  std::vector<const void*> order;
+  auto note = [&](const void* p, int64_t bytes) {
+    if (p == nullptr || bytes == 0 || weight_aligned(p)) return;
+    auto [it, added] = sources.try_emplace(p);
+    if (added) order.push_back(p);
+    it->second.bytes = std::max(it->second.bytes, bytes);
+  };
+  for (WeightMatrix* w : matrices) {
+    if (w == nullptr) continue;
+    note(w->data, data_bytes(*w));
+    if (w->is_4bit()) note(w->group_scales, scale_bytes(*w));
+  }
+  int64_t total = 0;
+  for (const void* p : order) {
+    sources[p].offset = total;
+    total += round_up(sources[p].bytes);
+  }
+  if (total == 0) return 0;
+  arena = HugePageBuffer(static_cast<size_t>(total));
+  auto move = [&](const void*& p) {
+    auto it = sources.find(p);
+    if (it == sources.end()) return;
+    Source& s = it->second;
+    uint8_t* to = arena.data() + s.offset;
+    if (!s.copied) {
+      std::memcpy(to, p, static_cast<size_t>(s.bytes));
+      if (release) release(p, static_cast<size_t>(s.bytes));
+      s.copied = true;
+    }
+    p = to;
+  };
+  for (WeightMatrix* w : matrices) {
+    if (w == nullptr) continue;
+    move(w->data);
+    if (w->is_4bit()) move(w->group_scales);
+  }
+  return total;
 }
 
 }  // namespace moat

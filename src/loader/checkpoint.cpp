@@ -121,11 +121,14 @@ void Checkpoint::release_range(const void* p, size_t bytes) {
   if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
-void Checkpoint::populate_if_it_fits() const {
+bool Checkpoint::fits_in_memory() const {
   size_t mapped = 0;
   for (const auto& f : files_) mapped += f->file_size();
-  // MemAvailable counts reclaimable page cache, the checkpoint's own cached pages included
-  if (mapped > mem_available_bytes() / 10 * 9) return;
+  return mapped <= mem_available_bytes() / 10 * 9;
+}
+
+void Checkpoint::populate_if_it_fits() const {
+  if (!fits_in_memory()) return;
   for (const auto& f : files_) f->populate();
 }
 

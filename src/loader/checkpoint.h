@@ -50,6 +50,10 @@ class Checkpoint {
   SafetensorsFile::PageStats page_stats() const;
   // Every tensor name, sorted.
   std::vector<std::string> names() const;
+  // The files together take at most 90% of MemAvailable (which counts reclaimable page cache, this
+  // checkpoint's own cached pages included): a mapped checkpoint this size can be held resident,
+  // faulted in at load or copied into anonymous memory, without evicting its own pages.
+  bool fits_in_memory() const;
   const std::filesystem::path& dir() const { return dir_; }
   const std::vector<std::shared_ptr<SafetensorsFile>>& files() const { return files_; }
 

@@ -17,6 +17,7 @@
 #include <set>
 
 #include "base/huge_pages.h"
+#include "base/weight.h"
 
 namespace moat {
 
@@ -70,38 +71,17 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 }
 
 SafetensorsFile::~SafetensorsFile() {
-  if (map_) munmap(map_, size_);
+  if (alloc_) munmap(alloc_, alloc_size_);
 }
 
 bool SafetensorsFile::populate() const {
 #ifndef MADV_POPULATE_READ
   constexpr int MADV_POPULATE_READ = 22;  // Linux 5.14; older headers lack the name
 #endif
-  return map_ && madvise(map_, size_, MADV_POPULATE_READ) == 0;
+  return alloc_ && madvise(alloc_, alloc_size_, MADV_POPULATE_READ) == 0;
 }
 
-SafetensorsFile::PageStats SafetensorsFile::page_stats() const {
-  std::ifstream smaps("/proc/self/smaps");
-  const std::string header = fmt::format("{:x}-", reinterpret_cast<uintptr_t>(map_));
-  std::string line;
-  bool inside = false;
-  size_t huge_kib = 0, rss_kib = 0;
-  while (std::getline(smaps, line)) {
-    // a mapping's header line starts with its hex address range; its fields are "Key:  value kB"
-    const bool is_header = !line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) &&
-                           line.find(':') > line.find(' ');
-    if (is_header) {
-      if (inside) break;
-      inside = line.rfind(header, 0) == 0;
-      continue;
-    }
-    if (!inside) continue;
-    for (const char* key : {"FilePmdMapped:", "AnonHugePages:"})
-      if (line.rfind(key, 0) == 0) huge_kib += std::strtoull(line.c_str() + std::strlen(key), nullptr, 10);
-    if (line.rfind("Rss:", 0) == 0) rss_kib = std::strtoull(line.c_str() + 4, nullptr, 10);
-  }
-  return {rss_kib * 1024, huge_kib * 1024};
-}
+SafetensorsFile::PageStats SafetensorsFile::page_stats() const { return mapping_page_stats(alloc_); }
 
 const TensorInfo* SafetensorsFile::find(std::string_view name) const {
   auto it = by_name_.find(name);
@@ -148,13 +128,22 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::filesy
     ::close(fd);  // the mapping keeps the file alive
     if (map == MAP_FAILED) return make_error("{}: mmap failed: {}", file, std::strerror(map_errno));
   } else {
-    map = mmap(nullptr, f->size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (map == MAP_FAILED) {
+    // The image starts `shift` bytes into the allocation so that the tensor data, which follows
+    // the 8-byte length and the header, starts on a cache line (kWeightAlignment): a header padded
+    // only to 8 bytes would leave every weight row off one, and a mapped file cannot be moved.
+    uint64_t header_len = 0;
+    if (::pread(fd, &header_len, 8, 0) != 8) header_len = 0;  // parse_safetensors reports it
+    const size_t shift = (kWeightAlignment - (8 + header_len % kWeightAlignment) % kWeightAlignment) % kWeightAlignment;
+    f->alloc_size_ = f->size_ + shift;
+    void* alloc = mmap_huge_aligned(f->alloc_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1);
+    if (alloc == MAP_FAILED) {
       const int err = errno;
       ::close(fd);
       return make_error("{}: cannot allocate {} bytes to hold it: {}", file, f->size_, std::strerror(err));
     }
-    madvise(map, f->size_, MADV_HUGEPAGE);
+    f->alloc_ = alloc;  // unmapped by the destructor from here on
+    madvise(alloc, f->alloc_size_, MADV_HUGEPAGE);
+    map = static_cast<char*>(alloc) + shift;
     size_t done = 0;
     while (done < f->size_) {
       const ssize_t got = ::pread(fd, static_cast<char*>(map) + done, std::min<size_t>(f->size_ - done, 64u << 20),
@@ -162,14 +151,17 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::filesy
       if (got <= 0) {
         const int err = errno;
         ::close(fd);
-        munmap(map, f->size_);
         return make_error("{}: read failed at byte {} of {}: {}", file, done, f->size_,
                           got == 0 ? "unexpected end of file" : std::strerror(err));
       }
       done += static_cast<size_t>(got);
     }
     ::close(fd);
-    mprotect(map, f->size_, PROT_READ);  // weights are never written, as with the mapping
+    mprotect(alloc, f->alloc_size_, PROT_READ);  // weights are never written, as with the mapping
+  }
+  if (!f->alloc_) {
+    f->alloc_ = map;
+    f->alloc_size_ = f->size_;
   }
   f->map_ = map;
   // Decode streams every active weight once per token; with 4 KiB pages that is a TLB miss per

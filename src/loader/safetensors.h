@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "base/huge_pages.h"
 #include "base/status.h"
 
 namespace moat {
@@ -72,9 +73,7 @@ class SafetensorsFile {
   // Resident bytes of the mapping, and how many of them the kernel maps with 2 MiB pages
   // (/proc/self/smaps: Rss, FilePmdMapped + AnonHugePages); zeros where unknown. Decode streams
   // every weight once per token, so 4 KiB pages cost a TLB miss per page.
-  struct PageStats {
-    size_t resident = 0, huge = 0;
-  };
+  using PageStats = MappingPageStats;
   PageStats page_stats() const;
   // Faults the whole mapping in now (MADV_POPULATE_READ, Linux 5.14+; false where refused).
   // Sequential faults let the page cache read the file in 2 MiB folios (ext4 and xfs since
@@ -86,8 +85,10 @@ class SafetensorsFile {
   SafetensorsFile() = default;
 
   std::filesystem::path path_;
-  void* map_ = nullptr;
+  void* map_ = nullptr;  // the file's first byte
   size_t size_ = 0;
+  void* alloc_ = nullptr;  // the mapping that holds it (--no-mmap: the image starts a few bytes in)
+  size_t alloc_size_ = 0;
   std::vector<TensorInfo> tensors_;
   std::map<std::string, size_t, std::less<>> by_name_;  // name -> index in tensors_
 };

@@ -120,6 +120,7 @@ Status DeepseekModel::load_weights() {
       }
     }
   }
+  realign_matrices();
   if (c.tie_word_embeddings && !options_.mtp) {  // an MTP head has its own
     lm_head_ = embed_tokens_;
     if (tp_ > 1) {  // the embedding stays whole on every rank; the tied lm_head is cut by vocabulary
@@ -143,6 +144,79 @@ Status DeepseekModel::load_weights() {
     res_output_mix_ = product(res_output_norm_, res_output_proj_);
   }
   return ok_status();
+}
+
+void DeepseekModel::realign_matrices() {
+  const bool mapped = options_.weights == WeightPlacement::mmap;
+  if (!options_.realign_weights || (mapped && !checkpoint_->fits_in_memory())) return;
+  const bool tied = config_.tie_word_embeddings && !options_.mtp;
+  std::vector<WeightMatrix*> matrices;
+  for (const TensorSpec& t : spec_.tensors) {
+    // The embedding is read a row per token, not streamed: it moves only when it is the lm_head too.
+    if (!t.is_matrix() || (t.part == Part::embedding && !tied)) continue;
+    matrices.push_back(matrix_slot(t));
+  }
+  // Mapped: drop this process's pages of each copied range (the page cache keeps them). Read into
+  // memory: the copies are the few tensors the shifted image left off a line (SafetensorsFile), and
+  // their bytes stay, as any other tensor could share their pages.
+  auto release = [&](const void* p, size_t bytes) {
+    if (mapped) Checkpoint::release_range(p, bytes);
+  };
+  realign_weights(matrices, realigned_, release);
+}
+
+std::vector<std::pair<const std::byte*, size_t>> DeepseekModel::weight_memory() const {
+  std::vector<std::pair<const std::byte*, size_t>> ranges;
+  auto add = [&](const void* p, int64_t bytes) {
+    if (p != nullptr && bytes > 0) ranges.emplace_back(static_cast<const std::byte*>(p), static_cast<size_t>(bytes));
+  };
+  for (size_t i = 0; i < spec_.tensors.size(); ++i) {
+    const WeightMatrix* w = bound_[i];
+    if (w == nullptr) continue;
+    if (w->is_4bit()) {
+      add(w->data, w->out_features * w->packed_row_bytes());
+      add(w->group_scales, w->out_features * w->groups_per_row() * w->group_scale_bytes());
+    } else {
+      add(w->data, w->out_features * w->in_features * static_cast<int64_t>(dtype_size(w->dtype)));
+      if (w->scale_inv) add(w->scale_inv, (w->bytes() - w->out_features * w->in_features));
+    }
+  }
+  std::sort(ranges.begin(), ranges.end());
+  // Ranges in one checkpoint file merge across the gaps between them (the file is mapped or read
+  // whole, so the gaps are readable); elsewhere only touching ones do.
+  auto file_of = [&](const std::byte* p) -> int64_t {
+    for (size_t f = 0; f < checkpoint_->files().size(); ++f) {
+      const SafetensorsFile& file = *checkpoint_->files()[f];
+      if (p >= file.mapping() && p < file.mapping() + file.file_size()) return static_cast<int64_t>(f);
+    }
+    return -1;
+  };
+  std::vector<std::pair<const std::byte*, size_t>> merged;
+  for (const auto& [p, n] : ranges) {
+    const bool joins = !merged.empty() && (p <= merged.back().first + merged.back().second ||
+                                           (file_of(p) >= 0 && file_of(p) == file_of(merged.back().first)));
+    if (joins) {
+      const std::byte* end = std::max(merged.back().first + merged.back().second, p + n);
+      merged.back().second = static_cast<size_t>(end - merged.back().first);
+    } else {
+      merged.emplace_back(p, n);
+    }
+  }
+  return merged;
+}
+
+const WeightMatrix* DeepseekModel::weight_matrix(std::string_view name) const {
+  for (size_t i = 0; i < spec_.tensors.size(); ++i)
+    if (spec_.tensors[i].name == name) return bound_[i];
+  return nullptr;
+}
+
+MappingPageStats DeepseekModel::weight_page_stats() const {
+  MappingPageStats total = checkpoint_->page_stats();
+  const MappingPageStats copies = mapping_page_stats(realigned_.data());
+  total.resident += copies.resident;
+  total.huge += copies.huge;
+  return total;
 }
 
 namespace {

@@ -142,6 +142,11 @@ class DeepseekModel {
     // split across the ranks (TP). Shared experts and dense MLPs stay TP. Still one all-reduce per
     // MoE layer.
     bool expert_parallel = false;
+    // Copy the weight matrices whose rows start off a cache line (a safetensors header pads only
+    // to 8 bytes) into one aligned arena at load (base/weight.h realign_weights; mapped
+    // checkpoints drop their pages of what was copied). Mapped checkpoints larger than
+    // fits_in_memory() stay as they are: anonymous copies could not be paged out.
+    bool realign_weights = true;
   };
 
   ~DeepseekModel();
@@ -171,6 +176,19 @@ class DeepseekModel {
   // E * (1 - (1 - k/E)^tokens) of them. tokens = 1 gives active_weights_per_token().bytes.
   double weight_bytes_per_step(int64_t tokens) const;
   const Checkpoint& checkpoint() const { return *checkpoint_; }
+  // The matrix this model bound for weight-table tensor `name` (after its tensor-parallel split and
+  // any realigning), or nullptr when the name is not one of its matrices.
+  const WeightMatrix* weight_matrix(std::string_view name) const;
+  // Bytes of weights copied at load to start on a cache line (Options::realign_weights).
+  int64_t realigned_weight_bytes() const { return static_cast<int64_t>(realigned_.size()); }
+  // The memory this rank's weight matrices are read from (data and scales), as address-ordered
+  // ranges (merged within each checkpoint file): the checkpoint's mapping or copy where
+  // matrices are views of it, the realigned and column-sliced copies where not. For bandwidth
+  // probes of the memory decode streams.
+  std::vector<std::pair<const std::byte*, size_t>> weight_memory() const;
+  // Resident bytes of the checkpoint's files and the realigned copies, and how many sit in 2 MiB
+  // pages.
+  MappingPageStats weight_page_stats() const;
   // The architecture's weight table for this config (models/registry.h).
   const WeightSpec& weight_spec() const { return spec_; }
 
@@ -247,6 +265,7 @@ class DeepseekModel {
   }
   // Binds every tensor of spec_ to its member, then derives the absorbed per-head copies.
   Status load_weights();
+  void realign_matrices();  // Options::realign_weights, after every matrix is bound and sharded
   // Where a spec entry lives in this model; optional parts are created as their tensors arrive.
   WeightMatrix* matrix_slot(const TensorSpec& t);
   std::vector<float>* vector_slot(const TensorSpec& t);
@@ -325,6 +344,7 @@ class DeepseekModel {
   int64_t expert_begin_ = 0, expert_end_ = 0;  // routed experts on this rank (expert_parallel)
   int64_t vocab_per_rank_ = 0;    // lm_head rows per rank (the last rank's may be fewer: zero-padded)
   std::deque<OwnedWeightBytes> owned_;  // column slices copied out of the checkpoint
+  HugePageBuffer realigned_;             // matrices copied onto cache lines (Options::realign_weights)
   Buffer logits_local_, logits_gathered_;  // [R, vocab_per_rank], [tp, R, vocab_per_rank]
   // Worker ranks: caches mirroring rank 0's, by PagedLatentCache::id(); tp_cache_ids_ is their
   // recency order, which rank 0 keeps too so that it can refuse to step a cache the workers evicted.

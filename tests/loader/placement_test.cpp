@@ -49,6 +49,23 @@ TEST(WeightPlacement, MappingIsHugePageAlignedAndPopulated) {
   EXPECT_GE(total.resident, mapped / 4096 * 4096 - 4096 * ckpt->files().size());
 }
 
+// Read into memory, the image starts where its tensor data falls on a cache line: tiny_v2lite's
+// header leaves the data 8 bytes past one in the file (and so in the mapping).
+TEST(WeightPlacement, MemoryPutsTensorDataOnCacheLines) {
+  const auto dir = kRoot / "tests/golden/tiny_v2lite";
+  auto mapped = Checkpoint::open(dir, WeightPlacement::mmap);
+  auto copied = Checkpoint::open(dir, WeightPlacement::memory);
+  ASSERT_TRUE(mapped.ok()) << mapped.error().message;
+  ASSERT_TRUE(copied.ok()) << copied.error().message;
+  int misaligned_in_file = 0;
+  for (const std::string& name : copied->names()) {
+    misaligned_in_file += reinterpret_cast<uintptr_t>(mapped->find(name)->data) % 64 != 0;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(copied->find(name)->data) % 64, 0u) << name;
+  }
+  EXPECT_GT(misaligned_in_file, 0) << "the fixture no longer tests anything";
+  for (const auto& f : copied->files()) EXPECT_GT(f->page_stats().resident, 0u) << f->path();
+}
+
 TEST(WeightPlacement, MemoryModeReportsTruncatedFiles) {
   const auto path = std::filesystem::temp_directory_path() / "moat_placement_truncated.safetensors";
   {
