@@ -134,13 +134,6 @@ Result<WeightMatrix> copy_columns(const WeightMatrix& w, int64_t col_begin, int6
 int64_t realign_weights(const std::vector<WeightMatrix*>& matrices, HugePageBuffer& arena,
                         const std::function<void(const void*, size_t)>& release) {
   auto round_up = [](int64_t n) { return (n + static_cast<int64_t>(kWeightAlignment) - 1) / kWeightAlignment * kWeightAlignment; };
-  auto data_bytes = [](const WeightMatrix& w) {
-    return w.is_4bit() ? w.out_features * w.packed_row_bytes()
-                       : w.out_features * w.in_features * static_cast<int64_t>(dtype_size(w.dtype));
-  };
-  auto scale_bytes = [](const WeightMatrix& w) {
-    return w.is_4bit() ? w.out_features * w.groups_per_row() * w.group_scale_bytes() : int64_t{0};
-  };
   // Each source once, by address (the largest extent any matrix reads from it), in first-use order.
   struct Source {
     int64_t bytes = 0, offset = 0;
@@ -156,8 +149,8 @@ int64_t realign_weights(const std::vector<WeightMatrix*>& matrices, HugePageBuff
   };
   for (WeightMatrix* w : matrices) {
     if (w == nullptr) continue;
-    note(w->data, data_bytes(*w));
-    if (w->is_4bit()) note(w->group_scales, scale_bytes(*w));
+    note(w->data, w->data_bytes());
+    note(w->group_scales, w->group_scales_bytes());
   }
   int64_t total = 0;
   for (const void* p : order) {
@@ -181,7 +174,7 @@ int64_t realign_weights(const std::vector<WeightMatrix*>& matrices, HugePageBuff
   for (WeightMatrix* w : matrices) {
     if (w == nullptr) continue;
     move(w->data);
-    if (w->is_4bit()) move(w->group_scales);
+    move(w->group_scales);
   }
   return total;
 }

@@ -52,13 +52,17 @@ struct WeightMatrix {
   int64_t group_scale_bytes() const { return group_scale_kind == GroupScaleKind::bf16 ? 2 : 1; }
   // The scale of group `group` of row `row` (4-bit formats).
   float group_scale(int64_t row, int64_t group) const;
-  // Bytes a matrix-vector product streams from memory (weights and scales).
-  int64_t bytes() const {
-    if (is_4bit()) return out_features * (packed_row_bytes() + groups_per_row() * group_scale_bytes());
-    int64_t b = out_features * in_features * static_cast<int64_t>(dtype_size(dtype));
-    if (scale_inv) b += ((out_features + block_out - 1) / block_out) * scale_cols() * 4;
-    return b;
+  // Bytes at `data` (the elements or packed codes), at `group_scales` (4-bit formats; 0 otherwise)
+  // and at `scale_inv` (fp8; 0 otherwise).
+  int64_t data_bytes() const {
+    return is_4bit() ? out_features * packed_row_bytes() : out_features * in_features * static_cast<int64_t>(dtype_size(dtype));
   }
+  int64_t group_scales_bytes() const { return is_4bit() ? out_features * groups_per_row() * group_scale_bytes() : 0; }
+  int64_t scale_inv_bytes() const {
+    return scale_inv ? ((out_features + block_out - 1) / block_out) * scale_cols() * 4 : 0;
+  }
+  // Bytes a matrix-vector product streams from memory (weights and scales).
+  int64_t bytes() const { return data_bytes() + group_scales_bytes() + scale_inv_bytes(); }
   // Dequantized element, for reference kernels and tests (slow). An MXFP4 scale of 2^127 times a
   // code of magnitude >= 2 is past fp32's range and reads as +-inf, as in any fp32 decode.
   float at(int64_t row, int64_t col) const;

@@ -127,6 +127,8 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::filesy
     const int map_errno = errno;
     ::close(fd);  // the mapping keeps the file alive
     if (map == MAP_FAILED) return make_error("{}: mmap failed: {}", file, std::strerror(map_errno));
+    f->alloc_ = map;
+    f->alloc_size_ = f->size_;
   } else {
     // The image starts `shift` bytes into the allocation so that the tensor data, which follows
     // the 8-byte length and the header, starts on a cache line (kWeightAlignment): a header padded
@@ -158,10 +160,6 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::filesy
     }
     ::close(fd);
     mprotect(alloc, f->alloc_size_, PROT_READ);  // weights are never written, as with the mapping
-  }
-  if (!f->alloc_) {
-    f->alloc_ = map;
-    f->alloc_size_ = f->size_;
   }
   f->map_ = map;
   // Decode streams every active weight once per token; with 4 KiB pages that is a TLB miss per

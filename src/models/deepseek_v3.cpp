@@ -173,13 +173,9 @@ std::vector<std::pair<const std::byte*, size_t>> DeepseekModel::weight_memory() 
   for (size_t i = 0; i < spec_.tensors.size(); ++i) {
     const WeightMatrix* w = bound_[i];
     if (w == nullptr) continue;
-    if (w->is_4bit()) {
-      add(w->data, w->out_features * w->packed_row_bytes());
-      add(w->group_scales, w->out_features * w->groups_per_row() * w->group_scale_bytes());
-    } else {
-      add(w->data, w->out_features * w->in_features * static_cast<int64_t>(dtype_size(w->dtype)));
-      if (w->scale_inv) add(w->scale_inv, (w->bytes() - w->out_features * w->in_features));
-    }
+    add(w->data, w->data_bytes());
+    add(w->group_scales, w->group_scales_bytes());
+    add(w->scale_inv, w->scale_inv_bytes());
   }
   std::sort(ranges.begin(), ranges.end());
   // Ranges in one checkpoint file merge across the gaps between them (the file is mapped or read
@@ -192,14 +188,17 @@ std::vector<std::pair<const std::byte*, size_t>> DeepseekModel::weight_memory() 
     return -1;
   };
   std::vector<std::pair<const std::byte*, size_t>> merged;
+  int64_t merged_file = -1;  // the file merged.back() lies in, -1 for none
   for (const auto& [p, n] : ranges) {
+    const int64_t file = file_of(p);
     const bool joins = !merged.empty() && (p <= merged.back().first + merged.back().second ||
-                                           (file_of(p) >= 0 && file_of(p) == file_of(merged.back().first)));
+                                           (file >= 0 && file == merged_file));
     if (joins) {
       const std::byte* end = std::max(merged.back().first + merged.back().second, p + n);
       merged.back().second = static_cast<size_t>(end - merged.back().first);
     } else {
       merged.emplace_back(p, n);
+      merged_file = file;
     }
   }
   return merged;
@@ -248,12 +247,8 @@ Status DeepseekModel::shard_matrix(const TensorSpec& t, WeightMatrix& m) {
     auto range = [&](const void* p, size_t n) {
       if (populate) Checkpoint::populate_range(p, n); else Checkpoint::release_range(p, n);
     };
-    if (w.is_4bit()) {
-      range(w.data, static_cast<size_t>(w.out_features * w.packed_row_bytes()));
-      range(w.group_scales, static_cast<size_t>(w.out_features * w.groups_per_row() * w.group_scale_bytes()));
-    } else {
-      range(w.data, static_cast<size_t>(w.out_features * w.in_features * static_cast<int64_t>(dtype_size(w.dtype))));
-    }
+    range(w.data, static_cast<size_t>(w.data_bytes()));
+    if (w.is_4bit()) range(w.group_scales, static_cast<size_t>(w.group_scales_bytes()));
   };
   auto named = [&](Result<WeightMatrix> r) -> Status {
     if (!r.ok()) return make_error("{} at --tp {}: {}", t.name, tp_, r.error().message);
