@@ -281,12 +281,20 @@ int main(int argc, char** argv) {
   }
   model.set_op_profile(nullptr);
 
-  const int32_t first_token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  // Greedy picks through the op table's argmax, as the engine's sampler does: std::max_element
+  // over the 102,400 logits took ~0.37 ms a token on Zen 5 (a compare chain, one element at a
+  // time), 1.7% of a 2-thread decode step that no engine spends.
+  auto greedy = [&] {
+    int32_t id = 0;
+    model.ops().argmax(logits.data(), 1, V, &id);
+    return id;
+  };
+  const int32_t first_token = greedy();
   int32_t next_token = first_token;
   int64_t position = a.prompt_tokens;
   auto decode_step = [&] {
     model.forward(cache, std::span<const int32_t>(&next_token, 1), static_cast<int32_t>(position++), logits.data());
-    next_token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    next_token = greedy();
   };
   // A few untimed steps first: the steady state is what a long generation sees (right after a
   // large prefill the kernel may still be settling huge pages and caches).
