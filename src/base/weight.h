@@ -91,10 +91,11 @@ inline constexpr size_t kWeightAlignment = 64;
 inline bool weight_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kWeightAlignment == 0; }
 
 // Moves the matrices whose rows start off a kWeightAlignment boundary (their data; 4-bit formats'
-// group scales too; fp8's scale_inv stays where it is) into `arena`, one allocation for all of them
-// (2 MiB pages, no rounding up per matrix), and points them there. Matrices sharing a data pointer
-// share the copy. release(old data, bytes) is called for each source once it is copied (a mapped
-// checkpoint drops its pages). Returns the bytes copied; 0 leaves `arena` untouched.
+// group scales where those are off a line) into `arena`, one allocation for all of them (2 MiB
+// pages, no rounding up per matrix), and points them there; a moved matrix's scales (4-bit group
+// scales, fp8 scale_inv) move with it, so nothing reads the source's pages again. Matrices sharing
+// a data pointer share the copy. release(old pointer, bytes) is called for each source once it is
+// copied (a mapped checkpoint drops its pages). Returns the bytes copied; 0 leaves `arena` untouched.
 int64_t realign_weights(const std::vector<WeightMatrix*>& matrices, HugePageBuffer& arena,
                         const std::function<void(const void*, size_t)>& release);
 

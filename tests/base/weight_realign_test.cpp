@@ -26,7 +26,7 @@ TEST(RealignWeights, CopiesOnlyMisalignedMatricesAndReleasesEachSourceOnce) {
   Pattern p(1 << 20);
   const WeightMatrix bf16{.dtype = DType::BF16, .data = p.base + 8, .out_features = 3, .in_features = 64};
   const WeightMatrix aligned{.dtype = DType::BF16, .data = p.base + 4096, .out_features = 2, .in_features = 32};
-  static const float scales[1] = {0.5f};
+  alignas(64) static const float scales[1] = {0.5f};  // on a line, but its matrix moves: it moves too
   const WeightMatrix fp8{.dtype = DType::F8_E4M3, .data = p.base + 8192 + 24, .out_features = 5, .in_features = 40,
                          .scale_inv = scales};
   // 4-bit: codes and group scales, both off a line
@@ -39,20 +39,42 @@ TEST(RealignWeights, CopiesOnlyMisalignedMatricesAndReleasesEachSourceOnce) {
     EXPECT_EQ(released.count(src), 0u) << "released twice";
     released[src] = n;
   });
-  // bf16 3x64x2 = 384, fp8 5x40 = 200 -> 256, 4-bit codes 4x32 = 128, scales 4x2 = 8 -> 64
-  EXPECT_EQ(copied, 384 + 256 + 128 + 64);
+  // bf16 3x64x2 = 384, fp8 5x40 = 200 -> 256 and its one scale 4 -> 64, 4-bit codes 4x32 = 128,
+  // scales 4x2 = 8 -> 64
+  EXPECT_EQ(copied, 384 + 256 + 64 + 128 + 64);
   EXPECT_EQ(static_cast<int64_t>(arena.size()), copied);
   for (const WeightMatrix* w : {&a, &d, &e}) EXPECT_TRUE(weight_aligned(w->data));
   EXPECT_TRUE(weight_aligned(e.group_scales));
   EXPECT_EQ(a.data, b.data) << "one copy for matrices sharing a source";
   EXPECT_EQ(c.data, aligned.data) << "an aligned matrix stays";
-  EXPECT_EQ(d.scale_inv, scales) << "fp8 scales stay";
+  EXPECT_NE(d.scale_inv, scales) << "fp8 scales move with their codes";
+  EXPECT_EQ(d.scale_inv[0], 0.5f);
+  EXPECT_TRUE(weight_aligned(d.scale_inv));
   EXPECT_EQ(std::memcmp(a.data, bf16.data, 384), 0);
   EXPECT_EQ(std::memcmp(d.data, fp8.data, 200), 0);
   EXPECT_EQ(std::memcmp(e.data, q4.data, 128), 0);
   EXPECT_EQ(std::memcmp(e.group_scales, q4.group_scales, 8), 0);
   const std::map<const void*, size_t> expected = {
-      {bf16.data, 384}, {fp8.data, 200}, {q4.data, 128}, {q4.group_scales, 8}};
+      {bf16.data, 384}, {fp8.data, 200}, {scales, 4}, {q4.data, 128}, {q4.group_scales, 8}};
+  EXPECT_EQ(released, expected);
+}
+
+// Scales on a line still move when their matrix moves (read in place, a mapped checkpoint's pages
+// come back), and stay when it stays.
+TEST(RealignWeights, ScalesFollowTheirMatrix) {
+  Pattern p(1 << 20);
+  const WeightMatrix moved = WeightMatrix::packed_4bit(DType::INT4_G32, p.base + 8, p.base + 4096, 4, 64);
+  const WeightMatrix stays = WeightMatrix::packed_4bit(DType::INT4_G32, p.base + 8192, p.base + 12288, 4, 64);
+  WeightMatrix a = moved, b = stays;
+  HugePageBuffer arena;
+  std::map<const void*, size_t> released;
+  // codes 4x32 = 128, bf16 scales 4x2x2 = 16 -> 64
+  EXPECT_EQ(realign_weights({&a, &b}, arena, [&](const void* src, size_t n) { released[src] = n; }), 128 + 64);
+  EXPECT_NE(a.group_scales, moved.group_scales);
+  EXPECT_EQ(std::memcmp(a.group_scales, moved.group_scales, 16), 0);
+  EXPECT_EQ(b.data, stays.data);
+  EXPECT_EQ(b.group_scales, stays.group_scales);
+  const std::map<const void*, size_t> expected = {{moved.data, 128}, {moved.group_scales, 16}};
   EXPECT_EQ(released, expected);
 }
 

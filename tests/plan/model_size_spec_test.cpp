@@ -25,7 +25,7 @@ TEST(ModelSizeFromSpec, TotalsEqualTheCheckpoints) {
   // tiny_fp8 is block-scaled fp8 with bf16 embeddings, norms and router, as plan's fp8 assumes;
   // models/k3-nano is K3-shaped: MXFP4 routed experts, the rest bf16 (F32 KDA vectors); the
   // others are bf16 throughout.
-  for (const fs::path dir : {root / "tests/golden/tiny_qlora", root / "tests/golden/tiny_v2lite",
+  for (const fs::path& dir : {root / "tests/golden/tiny_qlora", root / "tests/golden/tiny_v2lite",
                              root / "tests/golden/tiny_fp8", root / "models/k3-nano"}) {
     if (!fs::exists(dir / "config.json")) continue;
     SCOPED_TRACE(dir.string());
