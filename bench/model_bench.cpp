@@ -329,13 +329,18 @@ int main(int argc, char** argv) {
   auto probe = [&] {
     if (!weight_regions.empty()) probe_gbs.push_back(bench::read_bandwidth_one_pass(weight_regions).gbs);
   };
+  ThreadPool::Stats decode_pool;  // the timed steps' share of the pool's counts (not the probes')
   for (int64_t r = 0; r < a.repetitions; ++r) {
     position = a.prompt_tokens + kWarmupDecodeSteps;
     next_token = first_token;
     probe();
+    const ThreadPool::Stats before = model.thread_pool().stats();
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t n = 0; n < a.decode_tokens; ++n) decode_step();
     decode_runs_s.push_back(bench::seconds_since(t0));
+    const ThreadPool::Stats after = model.thread_pool().stats();
+    decode_pool.jobs += after.jobs - before.jobs;
+    decode_pool.caller_wait_seconds += after.caller_wait_seconds - before.caller_wait_seconds;
   }
   probe();
   model.set_op_profile(nullptr);
@@ -485,6 +490,11 @@ int main(int argc, char** argv) {
       print_profile(prefill_profile, prefill_total_s, reps, bandwidth);
       std::printf("  decode time per token by kind of op (%.2f ms in all):\n", 1e3 * decode_total_s / decoded);
       print_profile(profile, decode_total_s, decoded, decode_bandwidth);
+      if (a.threads != 1)
+        std::printf("    of all that, %.2f ms (%.0f%%) the calling thread waited, its share of a job done, for "
+                    "the other threads' (%.1f jobs a token)\n",
+                    1e3 * decode_pool.caller_wait_seconds / decoded,
+                    100 * decode_pool.caller_wait_seconds / decode_total_s, static_cast<double>(decode_pool.jobs) / decoded);
     }
   }
   return 0;

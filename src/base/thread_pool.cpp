@@ -124,10 +124,17 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   run_claimed_chunks();
   t_inside_pool = false;
   // Every chunk is claimed; wait for the ones others are still running.
-  for (int i = 0; chunks_done_.load(std::memory_order_acquire) != chunks; ++i) {
-    MOAT_CPU_RELAX();
-    if (i >= kCallerSpins) std::this_thread::yield();
+  if (chunks_done_.load(std::memory_order_acquire) != chunks) {
+    const auto wait_start = std::chrono::steady_clock::now();
+    for (int i = 0; chunks_done_.load(std::memory_order_acquire) != chunks; ++i) {
+      MOAT_CPU_RELAX();
+      if (i >= kCallerSpins) std::this_thread::yield();
+    }
+    const auto waited = std::chrono::steady_clock::now() - wait_start;
+    caller_wait_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(waited).count(),
+                              std::memory_order_relaxed);
   }
+  jobs_.fetch_add(1, std::memory_order_relaxed);
 }
 
 namespace {

@@ -40,6 +40,17 @@ class ThreadPool {
   // Calls fn(begin, end) over disjoint ranges covering [0, n), at least `grain` items per call.
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t grain = 1);
 
+  // Jobs handed to the other threads so far, and the time their callers spent waiting, their own
+  // chunks done, for chunks still running elsewhere: a thread streaming slower than the others,
+  // or one that started late (model_bench --profile reports both per decode token).
+  struct Stats {
+    int64_t jobs = 0;
+    double caller_wait_seconds = 0;
+  };
+  Stats stats() const {
+    return {jobs_.load(std::memory_order_relaxed), 1e-9 * static_cast<double>(caller_wait_ns_.load(std::memory_order_relaxed))};
+  }
+
  private:
   void worker_loop();
   // Claims and runs chunks of the current job until none is left.
@@ -65,6 +76,7 @@ class ThreadPool {
   std::atomic<int64_t> job_n_{0};
   std::atomic<int> job_chunks_{0};
   uint32_t job_seq_ = 0;  // caller only, under caller_mutex_
+  std::atomic<int64_t> jobs_{0}, caller_wait_ns_{0};  // written under caller_mutex_; read by stats()
 };
 
 // The pool installed on this thread by the innermost ScopedThreadPool; a pool's own workers see
