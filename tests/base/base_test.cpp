@@ -107,6 +107,32 @@ TEST(ThreadPool, NestedCallsRunInline) {
   EXPECT_EQ(inner.load(), 40);
 }
 
+// stats() counts the jobs handed to other threads (not the ones run inline: one chunk, or nested)
+// and the caller's wait for a chunk still running elsewhere.
+TEST(ThreadPool, StatsCountHandedOffJobsAndTheCallersWait) {
+  ThreadPool pool(2);
+  const ThreadPool::Stats start = pool.stats();
+  EXPECT_EQ(start.jobs, 0);
+  pool.parallel_for(1, [](int64_t, int64_t) {});  // one chunk: inline
+  EXPECT_EQ(pool.stats().jobs, 0);
+  // Each chunk waits until both have started, so they run on the two threads; the worker's then
+  // holds its chunk 20 ms, and the caller, its own done, waits for it.
+  const std::thread::id caller = std::this_thread::get_id();
+  std::atomic<int> started{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  pool.parallel_for(2, [&](int64_t, int64_t) {
+    ++started;
+    while (started.load() < 2) std::this_thread::yield();
+    if (std::this_thread::get_id() != caller) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    else pool.parallel_for(8, [](int64_t, int64_t) {});  // nested: inline, not a job
+  });
+  const double job_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const ThreadPool::Stats after = pool.stats();
+  EXPECT_EQ(after.jobs, 1);
+  EXPECT_GE(after.caller_wait_seconds, 0.015);
+  EXPECT_LE(after.caller_wait_seconds, job_s);
+}
+
 Result<int> parse_positive(int v) {
   if (v <= 0) return make_error("value must be > 0, got {}", v);
   return v;
