@@ -17,8 +17,9 @@ namespace {
 
 const std::filesystem::path kModel = std::filesystem::path(MOAT_SOURCE_DIR) / "tests/golden/tiny_v2lite";
 
-std::unique_ptr<DeepseekModel> load(WeightPlacement placement, bool realign) {
-  auto m = DeepseekModel::load(kModel, {.max_context = 64, .weights = placement, .threads = 1, .realign_weights = realign});
+std::unique_ptr<DeepseekModel> load(WeightPlacement placement, bool realign,
+                                    const std::filesystem::path& model = kModel) {
+  auto m = DeepseekModel::load(model, {.max_context = 64, .weights = placement, .threads = 1, .realign_weights = realign});
   EXPECT_TRUE(m.ok()) << m.error().message;
   return m.ok() ? std::move(m).value() : nullptr;
 }
@@ -98,12 +99,7 @@ TEST(WeightAlignment, RealignedWeightsComputeTheSameLogits) {
 // checkpoint over a prefill and decode).
 TEST(WeightAlignment, MovedFp8MatricesReadTheirScalesFromTheCopy) {
   const auto fp8_model = std::filesystem::path(MOAT_SOURCE_DIR) / "tests/golden/tiny_fp8";
-  auto load_fp8 = [&](bool realign) {
-    auto m = DeepseekModel::load(fp8_model, {.max_context = 64, .threads = 1, .realign_weights = realign});
-    EXPECT_TRUE(m.ok()) << m.error().message;
-    return m.ok() ? std::move(m).value() : nullptr;
-  };
-  auto realigned = load_fp8(true), as_stored = load_fp8(false);
+  auto realigned = load(WeightPlacement::mmap, true, fp8_model), as_stored = load(WeightPlacement::mmap, false, fp8_model);
   ASSERT_TRUE(realigned && as_stored);
   int moved = 0;
   for (const TensorSpec& t : realigned->weight_spec().tensors) {
