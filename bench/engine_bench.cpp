@@ -10,6 +10,9 @@
 //
 //   engine_bench --model DIR [--threads N] [--concurrency 1,4,16,64] [--prompt-tokens 128]
 //                [--output-tokens 64] [--requests-per-stream 2] [--max-num-batched-tokens N] [--markdown]
+//                [--profile]
+// --profile: after the rows, each concurrency's decode-only step split by kind of op (ops::OpProfile),
+// the matmuls' and routed experts' weight bytes as GB/s against the bandwidth probe.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -39,6 +42,7 @@ struct Args {
   int64_t max_num_batched_tokens = 0;  // 0: the engine's default
   bool no_prefix_caching = false;       // hybrids: no state snapshots, so prompts are not cut at a block boundary
   bool markdown = false;
+  bool profile = false;  // after each level's row: its decode-only steps' time by kind of op
 };
 
 struct Level {
@@ -52,6 +56,7 @@ struct Level {
   double decode_step_ms = 0;
   int64_t decode_steps = 0;
   const char* bound = "";
+  ops::OpProfile decode_profile;  // --profile: the decode-only steps' ops, summed
 };
 
 double ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
@@ -96,14 +101,23 @@ Level run_level(DeepseekModel& model, int concurrency, const Args& a, double ban
   const auto start = Clock::now();
   for (int i = 0; i < concurrency; ++i) submit();
   double decode_ms_sum = 0;
+  ops::OpProfile step_profile;
   while ((*engine)->has_work()) {
     const int64_t prompt_before = (*engine)->stats().prompt_tokens_computed;
+    step_profile = {};
+    if (a.profile) model.set_op_profile(&step_profile);
     const auto step_start = Clock::now();
     auto outs = (*engine)->step();
     const auto now = Clock::now();
+    model.set_op_profile(nullptr);
     if ((*engine)->stats().prompt_tokens_computed == prompt_before && static_cast<int>(outs.size()) == concurrency) {
       decode_ms_sum += ms(now - step_start);
       ++L.decode_steps;
+      for (int k = 0; k < ops::OpProfile::kNumKinds; ++k) {
+        L.decode_profile.buckets[k].seconds += step_profile.buckets[k].seconds;
+        L.decode_profile.buckets[k].weight_bytes += step_profile.buckets[k].weight_bytes;
+        L.decode_profile.buckets[k].calls += step_profile.buckets[k].calls;
+      }
     }
     for (const RequestOutput& o : outs) {
       if (o.new_tokens.empty()) continue;
@@ -166,6 +180,7 @@ int main(int argc, char** argv) {
     else if (s == "--requests-per-stream") a.requests_per_stream = std::stoi(next());
     else if (s == "--max-num-batched-tokens") a.max_num_batched_tokens = std::stoll(next());
     else if (s == "--markdown") a.markdown = true;
+    else if (s == "--profile") a.profile = true;
     else if (s == "--no-prefix-caching") a.no_prefix_caching = true;
     else if (s == "--concurrency") {
       a.concurrency.clear();
@@ -177,7 +192,7 @@ int main(int argc, char** argv) {
     }
   }
   if (a.model.empty()) {
-    std::fprintf(stderr, "usage: engine_bench --model DIR [--threads N] [--concurrency 1,4,16,64]\n");
+    std::fprintf(stderr, "usage: engine_bench --model DIR [--threads N] [--concurrency 1,4,16,64] [--profile]\n");
     return 2;
   }
   auto loaded = DeepseekModel::load(a.model, {.backend = ops::Backend::cpu, .max_context = a.prompt_tokens + a.output_tokens,
@@ -225,6 +240,27 @@ int main(int argc, char** argv) {
                   L.concurrency, L.requests, L.output_tps, L.per_stream_tps, L.ttft_p50_ms, L.ttft_p99_ms, L.itl_p50_ms,
                   L.itl_p99_ms, L.roofline_tps, L.bound, 100.0 * L.output_tps / L.roofline_tps, L.decode_step_ms,
                   1000.0 * L.concurrency / L.roofline_tps, decode_pct(L));
+  }
+  if (a.profile) {
+    // per decode-only step: where its time goes, and how fast the matmuls stream their weights
+    for (const Level& L : levels) {
+      if (L.decode_steps == 0) continue;
+      const double steps = static_cast<double>(L.decode_steps);
+      std::printf("concurrency %d: a decode-only step %.2f ms (%ld steps):\n", L.concurrency, L.decode_step_ms,
+                  L.decode_steps);
+      for (int k = 0; k < ops::OpProfile::kNumKinds; ++k) {
+        const auto& b = L.decode_profile.buckets[k];
+        if (b.calls == 0) continue;
+        std::printf("    %-16s %7.2f ms, %5.1f calls", ops::OpProfile::kNames[k], 1e3 * b.seconds / steps,
+                    static_cast<double>(b.calls) / steps);
+        if (b.weight_bytes > 0)
+          std::printf(", %.1f MB of weights at %.1f GB/s (%.0f%% of the bandwidth)", b.weight_bytes / steps / 1e6,
+                      b.weight_bytes / b.seconds / 1e9, 100 * b.weight_bytes / b.seconds / bandwidth);
+        std::printf("\n");
+      }
+      std::printf("    %-16s %7.2f ms (norms, routing, residuals, embedding, sampling, scheduling)\n", "rest",
+                  L.decode_step_ms - 1e3 * L.decode_profile.seconds() / steps);
+    }
   }
   return 0;
 }

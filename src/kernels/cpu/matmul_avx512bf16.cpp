@@ -11,9 +11,10 @@
 //   default; every call in exact mode) split x into bf16 hi + lo instead and each weight vector
 //   takes two dot products: as accurate as fp32 FMAs, at half the dot-product rate, and not free
 //   even in decode (kernel_types.h has the measurement).
-// - W streams from memory exactly once per call. Decode-sized calls (T <= 8 tokens for bf16, 64 for
+// - W streams from memory exactly once per call. Decode-sized calls (T <= 8 tokens for bf16, 12 for
 //   fp8, 16 for 4-bit; fp8 and 4-bit weights also in exact mode): each task splits its rows into 4
 //   lanes and reads one row of each lane side by side (lane_tiles: 4 long sequential streams).
+//   fp8 calls of 13-64 tokens dequantize chunks of rows to bf16 once and run those tiles on them.
 //   Exact-mode prefill: each task owns a range of 4-row groups, walks it in chunks of rows that
 //   stay in L2 (~128 KiB), and runs every token against a chunk before the next; the microkernel
 //   (tile_bf16) keeps 4 rows x up to 4 tokens of dot-product accumulators in registers. Longer calls that round x to bf16 (batched
@@ -70,16 +71,28 @@ constexpr int64_t kChunkBytes = 128 * 1024;  // weight rows kept in L2 while tok
 // 3072 x 3584 MXFP4, a loaded machine) the tiles ran 190-210 GFLOPS from T = 5 to 16 against
 // 77-180 for the panels, which win from T ~ 24 (250-300 GFLOPS at T = 32-64).
 constexpr int64_t kQ4DirectMaxTokens = 16;
-// fp8 and bf16 calls of up to this many tokens also run on the decode tiles (rows in lanes, each
-// weight streamed from memory once; token pairs / quads re-read a tile's rows from L1/L2), longer
-// ones on packed panels. Zen 5, 1 thread, kernel_bench --batched-only, same process: fp8 on the
-// tiles 137-154 GFLOPS at T = 8 against 35 on the panels (which dequantize every weight to bf16
+// fp8 and bf16 calls of up to this many tokens run without packed panels: on the decode tiles (rows
+// in lanes, each weight streamed from memory once; token pairs / quads re-read a tile's rows from
+// L1/L2) or, fp8 past kFp8TileMaxTokens, on dequantized chunks; longer ones on packed panels.
+// Zen 5, 1 thread, kernel_bench --batched-only, same process: fp8 on the tiles 137-154 GFLOPS at T = 8 against 35 on the panels (which dequantize every weight to bf16
 // and repack it: at T = 8 that costs more than the dot products), 142-158 vs 64 at T = 16,
 // 161-168 vs 104 at T = 32, equal at T = 64 (~165). bf16 at T = 8: 1.0-1.3x the panels, at T = 16
 // 0.85-1.1x (noise): the tiles stop at 8. Batched decode with few streams per expert and
 // speculative verification (k + 1 tokens) are made of these calls.
 constexpr int64_t kFp8DirectMaxTokens = 64;
+// (With the 3-4 token tiles prefetching too, the tiles again against the panels, alternating calls,
+// Zen 5: 0.78-0.87x the panels' time at T = 12-16 on 2048 x 1408 rows, but 1.0-1.17x on
+// K = 2048 (1408 x 2048, 3072 x 2048, the lm_head), whose 4 KiB rows, re-read per token quad, share
+// L1 sets with each other and with x's rows: the bf16 tiles still stop at 8.)
 constexpr int64_t kBf16DirectMaxTokens = 8;
+// Within kFp8DirectMaxTokens, fp8 calls of up to this many tokens decode the codes in registers
+// (tile_fp8: a decode per token pair); longer ones dequantize a chunk of rows to bf16 once and run
+// the bf16 dot-product tiles over it (run_rows). The tiles re-decode every weight T / 2 times, so
+// past a dozen tokens the decode is the work: Zen 5, alternating calls, chunks' time / tiles', 1 and 2
+// threads, 2048 x 1408, 1408 x 2048, 3072 x 2048: 1.2-1.3 at T = 8, 0.96-1.1 at 12, 0.83-1.02 at
+// 16, 0.79-0.85 at 32, 0.60-0.75 at 64 (T = 64: 1.4 -> 2.4 GB/s of codes at one thread). The
+// chunks lose to the panels from T ~ 80 (1.03-1.13x their time at T = 80-128).
+constexpr int64_t kFp8TileMaxTokens = 12;
 // f16 weights are dequantized to bf16 chunks at every T; calls of more tokens run on packed panels.
 constexpr int64_t kF16DirectMaxTokens = 4;
 // With AMX the panels multiply at tile rate and win from fewer tokens. Crossovers measured on a
@@ -334,9 +347,11 @@ void tile_bf16(const uint16_t* w, int64_t ws, const uint16_t* xb, int64_t lo_off
     __m512i wv[NR];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) wv[r] = _mm512_loadu_si512(w + r * ws + k);
-    // decode-sized tiles only: in prefill the rows are already in L2 and the prefetches would
-    // take load slots from the dot products
-    if constexpr (NT <= 2) prefetch_rows<NR>(w + k, 2 * ws, pf);
+    // Decode-sized calls stream the rows from memory (kDecodePrefetch), the tiles of 3-4 tokens
+    // too: without prefetches they read 2048 x 1408 .. 102400 x 2048 at 0.82-0.89x the speed at
+    // T = 3-4 and 0.80-0.85x at T = 8 (Zen 5, 1 and 2 threads, alternating calls). Prefill's rows
+    // sit in L2 already (run_rows passes no prefetch): there they would take load slots.
+    prefetch_rows<NR>(w + k, 2 * ws, pf);
     step(wv, k);
   }
   if (k < K) {  // ragged K: masked weight loads (x is zero padded to Kp)
@@ -1361,10 +1376,11 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
   // matrix (K = 10944) would stream all of x again. Decode (T <= 4) reads whole rows.
   const int64_t Kb = T <= 4 ? Kp : std::min<int64_t>(Kp, 2048);
   const int64_t chunk_rows = std::clamp<int64_t>(kChunkBytes / (2 * Kb) / 4 * 4, 4, 128);
-  // fp8 decode (T <= 4), and every fp8 call in exact mode: weights decoded in registers, block
-  // scale on fp32 partial sums. Otherwise (prefill): chunks dequantized once to bf16 with the
-  // scale folded in (W * scale rounded) and reused by every token.
-  const bool fp8_direct = fp8 && (split || T <= kFp8DirectMaxTokens);
+  // fp8 calls of up to kFp8TileMaxTokens, and every fp8 call in exact mode: weights decoded in
+  // registers, block scale on fp32 partial sums. Otherwise (batched calls of up to
+  // kFp8DirectMaxTokens past that): chunks dequantized once to bf16 with the scale folded in
+  // (W * scale rounded) and reused by every token.
+  const bool fp8_direct = fp8 && (split || T <= kFp8TileMaxTokens);
   const Fp8Tables& tables = fp8_tables();
   thread_local std::vector<uint16_t> xp_buf;  // [T, Kp] hi (+ [T, Kp] lo) in lane-split order, fp8 only
   if (fp8_direct) {
