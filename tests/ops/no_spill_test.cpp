@@ -216,9 +216,12 @@ TEST(NoSpill, HotKernelsKeepAccumulatorsInRegisters) {
                           // mode's split (1-4 rows x 1 token), two scale kinds each
                           {"cpu_avx512bf16::(anonymous namespace)::tile_q4_i16<", 16, 0, true},
                           {"cpu_avx512bf16::(anonymous namespace)::tile_q4_split<", 8, 0, true},
-                          // the decode-sized bf16 tiles (1 or 2 tokens) prefetch their rows
+                          // the decode-sized bf16 tiles (1-4 tokens: batched decode streams its rows
+                          // from memory too) prefetch their rows
                           {"cpu_avx512bf16::(anonymous namespace)::tile_bf16<4, 1, ", 2, 0, true},
                           {"cpu_avx512bf16::(anonymous namespace)::tile_bf16<4, 2, ", 2, 0, true},
+                          {"cpu_avx512bf16::(anonymous namespace)::tile_bf16<4, 3, ", 2, 0, true},
+                          {"cpu_avx512bf16::(anonymous namespace)::tile_bf16<4, 4, ", 2, 0, true},
                           // AVX2 (matmul_avx2.cpp): the register-decoding tiles (bf16, f16, f32: 1-4
                           // rows x 1-2 tokens; fp8 through F16C: 1-4 rows x 1 token) prefetch their rows; the
                           // packed 6 x 16 micro-kernels
