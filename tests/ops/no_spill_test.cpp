@@ -207,9 +207,10 @@ TEST(NoSpill, HotKernelsKeepAccumulatorsInRegisters) {
                             static_cast<const void*>(moat::bench::kReadPatterns),
                             static_cast<const void*>(moat::bench::kReadPatternsAvx2)})
     asm volatile("" : : "r"(probe));
-  // 32 bf16 tiles (4 row counts x 4 token counts x split or not), the 14 fp8 ones, the 24 4-bit ones and the 6 packed
+  // 46 bf16 tiles (4 row counts x 4 token counts x split or not; the wide ones of batched decode:
+  // 1-4 rows x 5-6 tokens, 1-3 rows x 7-8), the 14 fp8 ones, the 24 4-bit ones and the 6 packed
   // outer-product tiles (1..6 tokens x 64 rows: 24 accumulators, the most registers of any).
-  std::vector<Hot> hot = {{"cpu_avx512bf16::(anonymous namespace)::tile_bf16<", 32},
+  std::vector<Hot> hot = {{"cpu_avx512bf16::(anonymous namespace)::tile_bf16<", 46},
                           {"cpu_avx512bf16::(anonymous namespace)::tile_packed<", 6},
                           {"cpu_avx512bf16::(anonymous namespace)::tile_fp8<", 14, 0, true},
                           // 4-bit decode tiles: int16 activations (1-4 rows x 1-2 tokens) and exact
@@ -222,6 +223,8 @@ TEST(NoSpill, HotKernelsKeepAccumulatorsInRegisters) {
                           {"cpu_avx512bf16::(anonymous namespace)::tile_bf16<4, 2, ", 2, 0, true},
                           {"cpu_avx512bf16::(anonymous namespace)::tile_bf16<4, 3, ", 2, 0, true},
                           {"cpu_avx512bf16::(anonymous namespace)::tile_bf16<4, 4, ", 2, 0, true},
+                          {"cpu_avx512bf16::(anonymous namespace)::tile_bf16<4, 6, ", 1, 0, true},
+                          {"cpu_avx512bf16::(anonymous namespace)::tile_bf16<3, 8, ", 1, 0, true},
                           // AVX2 (matmul_avx2.cpp): the register-decoding tiles (bf16, f16, f32: 1-4
                           // rows x 1-2 tokens; fp8 through F16C: 1-4 rows x 1 token) prefetch their rows; the
                           // packed 6 x 16 micro-kernels

@@ -152,6 +152,41 @@ TEST(OpsMatmul, EveryHostKernelMatchesReference) {
   }
 }
 
+// Batched decode's calls of 5-16 tokens (x rounded to bf16) against the reference, at every T of
+// the range: on AVX-512 BF16 bf16 runs them as groups of up to 8 tokens, one pass over the rows
+// each (4 rows x 5-6 tokens from 4 lanes, 3 x 7-8 from 3; T = 9 as 5 + 4, T = 16 as 8 + 8) and fp8
+// switches from register-decoded tiles to dequantized chunks past 12. Row counts leave 1-3 rows
+// outside the lanes; K = 300 a ragged last step, K = 2100 rows past 2048. 1 and 2 threads.
+TEST(OpsMatmul, BatchedDecodeCallsMatchReference) {
+  std::mt19937 rng(31);
+  struct Shape {
+    int64_t N, K;
+  };
+  const Shape shapes[] = {{37, 300}, {130, 2048}, {66, 2100}};
+  for (DType dtype : {DType::BF16, DType::F8_E4M3}) {
+    const auto kernels = host_kernels(OpId::matmul, OpShape{.weight_dtype = dtype});
+    for (const Shape& s : shapes) {
+      TestWeight tw = make_weight(dtype, s.N, s.K, rng);
+      for (int64_t T = 5; T <= 16; ++T) {
+        const auto x = randn(static_cast<size_t>(T * s.K), rng);
+        std::vector<float> ref(static_cast<size_t>(T * s.N));
+        fn_of<MatmulFn>(kernels[0])(x.data(), T, tw.w, ref.data(), MatmulPrecision::exact());
+        for (int threads : {1, 2}) {
+          ThreadPool pool(threads);
+          ScopedThreadPool scope(pool);
+          for (const KernelEntry* k : kernels) {
+            std::vector<float> out(ref.size(), NAN);
+            fn_of<MatmulFn>(k)(x.data(), T, tw.w, out.data(), MatmulPrecision{});
+            EXPECT_LE(normalized_error(out, ref), matmul_tolerance(k, dtype, T, 0, false))
+                << k->name << " " << dtype_name(dtype) << " N=" << s.N << " K=" << s.K << " T=" << T
+                << " threads=" << threads;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The AVX2 kernel's two exact fp8 decodes (F16C; integer shifts into fp32's exponent field, with
 // subnormal codes as fp32 subnormals) against the reference, whichever one this CPU picks by
 // default: every finite code, ragged K (tails of 44, 54 and 40 columns), blocks of 128 and of 96

@@ -11,10 +11,11 @@
 //   default; every call in exact mode) split x into bf16 hi + lo instead and each weight vector
 //   takes two dot products: as accurate as fp32 FMAs, at half the dot-product rate, and not free
 //   even in decode (kernel_types.h has the measurement).
-// - W streams from memory exactly once per call. Decode-sized calls (T <= 8 tokens for bf16, 12 for
+// - W streams from memory exactly once per call. Decode-sized calls (T <= 16 tokens for bf16, 12 for
 //   fp8, 16 for 4-bit; fp8 and 4-bit weights also in exact mode): each task splits its rows into 4
-//   lanes and reads one row of each lane side by side (lane_tiles: 4 long sequential streams).
-//   fp8 calls of 13-64 tokens dequantize chunks of rows to bf16 once and run those tiles on them.
+//   lanes and reads one row of each lane side by side (lane_tiles: 4 long sequential streams);
+//   bf16 calls of 5-16 tokens run groups of up to 8 tokens in one pass each (kWideTiles, 3 or 4
+//   lanes). fp8 calls of 13-64 tokens dequantize chunks of rows to bf16 once and run those tiles on them.
 //   Exact-mode prefill: each task owns a range of 4-row groups, walks it in chunks of rows that
 //   stay in L2 (~128 KiB), and runs every token against a chunk before the next; the microkernel
 //   (tile_bf16) keeps 4 rows x up to 4 tokens of dot-product accumulators in registers. Longer calls that round x to bf16 (batched
@@ -80,11 +81,13 @@ constexpr int64_t kQ4DirectMaxTokens = 16;
 // 0.85-1.1x (noise): the tiles stop at 8. Batched decode with few streams per expert and
 // speculative verification (k + 1 tokens) are made of these calls.
 constexpr int64_t kFp8DirectMaxTokens = 64;
-// (With the 3-4 token tiles prefetching too, the tiles again against the panels, alternating calls,
-// Zen 5: 0.78-0.87x the panels' time at T = 12-16 on 2048 x 1408 rows, but 1.0-1.17x on
-// K = 2048 (1408 x 2048, 3072 x 2048, the lm_head), whose 4 KiB rows, re-read per token quad, share
-// L1 sets with each other and with x's rows: the bf16 tiles still stop at 8.)
-constexpr int64_t kBf16DirectMaxTokens = 8;
+// bf16 since the wide tiles (kWideTokens: two passes at T = 9-16): Zen 5, alternating calls, their
+// time over the panels' 0.58-0.79 at T = 10-17 (1 thread, 2048 x 1408), 0.75-0.93 at T = 10-16
+// (2 threads, 3072 x 2048 and the lm_head), 1.0-1.36 at T = 17-32: the tiles stop at 16.
+constexpr int64_t kBf16DirectMaxTokens = 16;
+// Split calls (exact mode) keep their token quads (a wide split tile would not fit the registers)
+// and run on the decode tiles to 8 tokens, as before the wide tiles; longer ones block K (run_rows).
+constexpr int64_t kBf16SplitDirectMaxTokens = 8;
 // Within kFp8DirectMaxTokens, fp8 calls of up to this many tokens decode the codes in registers
 // (tile_fp8: a decode per token pair); longer ones dequantize a chunk of rows to bf16 once and run
 // the bf16 dot-product tiles over it (run_rows). The tiles re-decode every weight T / 2 times, so
@@ -254,10 +257,10 @@ inline constexpr Prefetch kDecodePrefetch{2048, 0};
 // by side (tile i: rows begin + i + q L, q = 0..3; fn(n0, 4, L)), then the 0-3 rows left over as
 // one tile of consecutive rows (fn(n0, rows, 1)). fn(n0, nr, rs): rows n0 + r rs, r < nr.
 template <class Fn>
-inline void lane_tiles(int64_t begin, int64_t end, Fn&& fn) {
-  const int64_t L = (end - begin) / 4;
-  for (int64_t i = 0; i < L; ++i) fn(begin + i, int64_t{4}, L);
-  if (begin + 4 * L < end) fn(begin + 4 * L, end - begin - 4 * L, int64_t{1});
+inline void lane_tiles(int64_t begin, int64_t end, Fn&& fn, int64_t lanes = 4) {
+  const int64_t L = (end - begin) / lanes;
+  for (int64_t i = 0; i < L; ++i) fn(begin + i, lanes, L);
+  if (begin + lanes * L < end) fn(begin + lanes * L, end - begin - lanes * L, int64_t{1});
 }
 
 // Writes (or adds to) the NR values v[r] at y[r * ys]: tiles of rows from lanes store their
@@ -280,11 +283,14 @@ inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 
 // The epilogue of every dot-product tile (bf16, fp8, 4-bit): y[t * N + r * ys] (+)= the horizontal
 // sum of acc[r][t]. ys > 1: rows from lanes (lane_tiles). always_inline, so acc stays in the
-// tile's registers.
+// tile's registers. Every row count sums through reduce4, in the same order: which tile a row
+// lands in depends on how a call's rows are split (3 lanes of the wide tiles leave 0-2 rows over,
+// depending on the task's range), and a group of matrices must equal its separate calls bit for
+// bit (_mm512_reduce_add_ps, which the 1-3 row tiles used, adds the lanes in another order).
 template <int NR, int NT>
 __attribute__((always_inline)) inline void store_tile(const __m512 (&acc)[NR][NT], float* y, int64_t N, int64_t ys,
                                                       bool accumulate) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) {
     if constexpr (NR == 4) {
       __m128 v = reduce4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
@@ -296,10 +302,10 @@ __attribute__((always_inline)) inline void store_tile(const __m512 (&acc)[NR][NT
         _mm_store_ps(sums, v);
         store_rows<4>(sums, y + t * N, ys, accumulate);
       }
-    } else {
-#pragma GCC unroll 4
-      for (int r = 0; r < NR; ++r)
-        y[t * N + r * ys] = (accumulate ? y[t * N + r * ys] : 0.0f) + _mm512_reduce_add_ps(acc[r][t]);
+    } else {  // 1-3 rows: the first NR sums of one reduce4
+      alignas(16) float sums[4];
+      _mm_store_ps(sums, reduce4(acc[0][t], acc[NR > 1 ? 1 : 0][t], acc[NR > 2 ? 2 : 0][t], acc[0][t]));
+      store_rows<NR>(sums, y + t * N, ys, accumulate);
     }
   }
 }
@@ -323,11 +329,11 @@ void tile_bf16(const uint16_t* w, int64_t ws, const uint16_t* xb, int64_t lo_off
   __m512 acc[NR][NT], lo[NR][kLoAcc ? NT : 1];
 #pragma GCC unroll 4
   for (int r = 0; r < NR; ++r)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) acc[r][t] = lo[r][kLoAcc ? t : 0] = _mm512_setzero_ps();
   // the dot products of one 32-column step against the NR weight vectors wv
   auto step = [&](const __m512i (&wv)[NR], int64_t k) __attribute__((always_inline)) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
       const __m512i xv = _mm512_loadu_si512(xb + t * Kp + k);
 #pragma GCC unroll 4
@@ -376,12 +382,41 @@ template <int NR, bool S>
 constexpr TileFn kTileRow[4] = {&tile_bf16<NR, 1, S>, &tile_bf16<NR, 2, S>, &tile_bf16<NR, 3, S>, &tile_bf16<NR, 4, S>};
 constexpr const TileFn* kTiles[2][4] = {{kTileRow<1, false>, kTileRow<2, false>, kTileRow<3, false>, kTileRow<4, false>},
                                         {kTileRow<1, true>, kTileRow<2, true>, kTileRow<3, true>, kTileRow<4, true>}};
+// Batched decode (x rounded to bf16) runs each group of up to 8 tokens in one pass over the rows:
+// 4 rows x 5-6 tokens or 3 rows x 7-8 (20-24 accumulators), instead of token quads that re-read a
+// tile's rows from L1 while the memory sat idle. Zen 5, alternating calls, the wide tiles' time
+// over the quads': T = 7-8 0.80-0.88 (1 thread), 0.74-0.86 (2 threads; the lm_head 0.79), T = 5-6
+// 0.87-1.0 / 0.77-1.0.
+constexpr int64_t kWideTokens = 8;
+constexpr TileFn kWideTiles[4][4] = {
+    {&tile_bf16<1, 5, false>, &tile_bf16<2, 5, false>, &tile_bf16<3, 5, false>, &tile_bf16<4, 5, false>},
+    {&tile_bf16<1, 6, false>, &tile_bf16<2, 6, false>, &tile_bf16<3, 6, false>, &tile_bf16<4, 6, false>},
+    {&tile_bf16<1, 7, false>, &tile_bf16<2, 7, false>, &tile_bf16<3, 7, false>, nullptr},  // 4 x 7 would spill
+    {&tile_bf16<1, 8, false>, &tile_bf16<2, 8, false>, &tile_bf16<3, 8, false>, nullptr}};
+// nr rows (4 only for nt <= 6) x nt <= 8 tokens, x rounded to bf16
+inline TileFn wide_tile(int64_t nr, int64_t nt) {
+  return nt <= 4 ? kTiles[0][nr - 1][nt - 1] : kWideTiles[nt - 5][nr - 1];
+}
 
 // All T tokens against `rows` bf16 weight rows (row stride ws); y points at column n0 of row 0.
 // lo_off > 0: x is split hi/lo (convert_x), at xb and xb + lo_off. The rows sit in L2 here
 // (chunks of rows that every token tile sweeps): no prefetch.
 void run_rows(const uint16_t* w, int64_t ws, int64_t rows, const uint16_t* xb, int64_t lo_off, int64_t T, int64_t Kp,
               int64_t K, float* y, int64_t N, bool accumulate) {
+  // x rounded to bf16 (fp8's dequantized chunks, f16): groups of up to 8 tokens on the wide tiles,
+  // 0.90-0.95x the token quads' time at T = 16-64 (fp8, Zen 5, 1 and 2 threads, alternating calls)
+  if (lo_off == 0) {
+    const int64_t groups = (T + kWideTokens - 1) / kWideTokens, biggest = (T + groups - 1) / groups;
+    const int64_t step_rows = biggest <= 6 ? 4 : 3;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t t0 = T * g / groups, nt = T * (g + 1) / groups - t0;
+      for (int64_t r0 = 0; r0 < rows; r0 += step_rows) {
+        const int64_t nr = std::min<int64_t>(step_rows, rows - r0);
+        wide_tile(nr, nt)(w + r0 * ws, ws, xb + t0 * Kp, 0, Kp, K, y + t0 * N + r0, N, 1, accumulate, Prefetch{0, 0});
+      }
+    }
+    return;
+  }
   for (int64_t t0 = 0; t0 < T; t0 += 4) {
     const int64_t nt = std::min<int64_t>(4, T - t0);
     for (int64_t r0 = 0; r0 < rows; r0 += 4) {
@@ -1412,7 +1447,7 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
   const int16_t* xi16 = xi16_buf.data();
   const float* xs16 = xs16_buf.data();
   // Decode-sized calls stream each weight once: rows in lanes (lane_tiles), all tokens per tile.
-  const bool bf16_direct = w.dtype == DType::BF16 && T <= kBf16DirectMaxTokens;
+  const bool bf16_direct = w.dtype == DType::BF16 && T <= (split ? kBf16SplitDirectMaxTokens : kBf16DirectMaxTokens);
   // rows [n_begin, n_end) of one matrix of the group
   auto run_rows_of = [&](const WeightMatrix& w, float* y, int64_t n_begin, int64_t n_end) {
     const int64_t N = w.out_features;
@@ -1449,6 +1484,19 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
     }
     if (bf16_direct) {
       const uint16_t* wb = static_cast<const uint16_t*>(w.data);
+      if (!split && T > 4) {
+        // 5-16 tokens: one pass over the rows per group of at most 8 tokens (wide_tile), balanced
+        // (T = 10 as 5 + 5), rows from 4 lanes, or 3 where a group has 7-8 tokens
+        const int64_t groups = (T + kWideTokens - 1) / kWideTokens, biggest = (T + groups - 1) / groups;
+        lane_tiles(n_begin, n_end, [&](int64_t n0, int64_t nr, int64_t rs) {
+          for (int64_t g = 0; g < groups; ++g) {
+            const int64_t t0 = T * g / groups, nt = T * (g + 1) / groups - t0;
+            wide_tile(nr, nt)(wb + n0 * K, rs * K, xb + t0 * Kp, 0, Kp, K, y + t0 * N + n0, N, rs, false,
+                              kDecodePrefetch);
+          }
+        }, biggest <= 6 ? 4 : 3);
+        return;
+      }
       lane_tiles(n_begin, n_end, [&](int64_t n0, int64_t nr, int64_t rs) {
         for (int64_t t = 0; t < T; t += 4)
           kTiles[split][nr - 1][std::min<int64_t>(4, T - t) - 1](wb + n0 * K, rs * K, xb + t * Kp, lo_off, Kp, K,
