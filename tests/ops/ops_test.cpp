@@ -153,9 +153,10 @@ TEST(OpsMatmul, EveryHostKernelMatchesReference) {
 }
 
 // Batched decode's calls of 5-16 tokens (x rounded to bf16) against the reference, at every T of
-// the range: on AVX-512 BF16 bf16 runs them as groups of up to 8 tokens, one pass over the rows
-// each (4 rows x 5-6 tokens from 4 lanes, 3 x 7-8 from 3; T = 9 as 5 + 4, T = 16 as 8 + 8) and fp8
-// switches from register-decoded tiles to dequantized chunks past 12. Row counts leave 1-3 rows
+// the range: on AVX-512 BF16 bf16 runs them to 12 as groups of up to 8 tokens, one pass over the
+// rows each (4 rows x 5-6 tokens from 4 lanes, 3 x 7-8 from 3; T = 9 as 5 + 4, T = 12 as 6 + 6),
+// then on packed panels, and fp8 switches from register-decoded tiles to dequantized chunks (the
+// same wide tiles, 8 + 8 at T = 16) past 12. Row counts leave 1-3 rows
 // outside the lanes; K = 300 a ragged last step, K = 2100 rows past 2048. 1 and 2 threads.
 TEST(OpsMatmul, BatchedDecodeCallsMatchReference) {
   std::mt19937 rng(31);

@@ -11,10 +11,10 @@
 //   default; every call in exact mode) split x into bf16 hi + lo instead and each weight vector
 //   takes two dot products: as accurate as fp32 FMAs, at half the dot-product rate, and not free
 //   even in decode (kernel_types.h has the measurement).
-// - W streams from memory exactly once per call. Decode-sized calls (T <= 16 tokens for bf16, 12 for
+// - W streams from memory exactly once per call. Decode-sized calls (T <= 12 tokens for bf16, 12 for
 //   fp8, 16 for 4-bit; fp8 and 4-bit weights also in exact mode): each task splits its rows into 4
 //   lanes and reads one row of each lane side by side (lane_tiles: 4 long sequential streams);
-//   bf16 calls of 5-16 tokens run groups of up to 8 tokens in one pass each (kWideTiles, 3 or 4
+//   bf16 calls of 5-12 tokens run groups of up to 8 tokens in one pass each (kWideTiles, 3 or 4
 //   lanes). fp8 calls of 13-64 tokens dequantize chunks of rows to bf16 once and run those tiles on them.
 //   Exact-mode prefill: each task owns a range of 4-row groups, walks it in chunks of rows that
 //   stay in L2 (~128 KiB), and runs every token against a chunk before the next; the microkernel
@@ -82,9 +82,12 @@ constexpr int64_t kQ4DirectMaxTokens = 16;
 // speculative verification (k + 1 tokens) are made of these calls.
 constexpr int64_t kFp8DirectMaxTokens = 64;
 // bf16 since the wide tiles (kWideTokens: two passes at T = 9-16): Zen 5, alternating calls, their
-// time over the panels' 0.58-0.79 at T = 10-17 (1 thread, 2048 x 1408), 0.75-0.93 at T = 10-16
-// (2 threads, 3072 x 2048 and the lm_head), 1.0-1.36 at T = 17-32: the tiles stop at 16.
-constexpr int64_t kBf16DirectMaxTokens = 16;
+// time over the panels' 0.58-0.79 at T = 10-17 (1 thread, 2048 x 1408), 0.80-0.90 at T = 12-14
+// and 0.87-1.06 at 16 (2 threads, the bench model's dense shapes and the lm_head), 1.0-1.36 at
+// T = 17-32. Inside the model (engine_bench, 2 threads, alternating runs) the dense matmuls of a
+// 12-stream step took 30-32 ms on the tiles against 35 on the panels, but of a 16-stream step
+// 43-49 against 40-44: the tiles stop at 12.
+constexpr int64_t kBf16DirectMaxTokens = 12;
 // Split calls (exact mode) keep their token quads (a wide split tile would not fit the registers)
 // and run on the decode tiles to 8 tokens, as before the wide tiles; longer ones block K (run_rows).
 constexpr int64_t kBf16SplitDirectMaxTokens = 8;
@@ -1485,7 +1488,7 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
     if (bf16_direct) {
       const uint16_t* wb = static_cast<const uint16_t*>(w.data);
       if (!split && T > 4) {
-        // 5-16 tokens: one pass over the rows per group of at most 8 tokens (wide_tile), balanced
+        // 5-12 tokens: one pass over the rows per group of at most 8 tokens (wide_tile), balanced
         // (T = 10 as 5 + 5), rows from 4 lanes, or 3 where a group has 7-8 tokens
         const int64_t groups = (T + kWideTokens - 1) / kWideTokens, biggest = (T + groups - 1) / groups;
         lane_tiles(n_begin, n_end, [&](int64_t n0, int64_t nr, int64_t rs) {
