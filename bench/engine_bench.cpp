@@ -26,6 +26,7 @@
 #include "bench/metrics.h"
 #include "engine/engine.h"
 #include "matmul_peak.h"
+#include "op_profile.h"
 #include "roofline.h"
 
 namespace {
@@ -248,18 +249,8 @@ int main(int argc, char** argv) {
       const double steps = static_cast<double>(L.decode_steps);
       std::printf("concurrency %d: a decode-only step %.2f ms (%ld steps):\n", L.concurrency, L.decode_step_ms,
                   L.decode_steps);
-      for (int k = 0; k < ops::OpProfile::kNumKinds; ++k) {
-        const auto& b = L.decode_profile.buckets[k];
-        if (b.calls == 0) continue;
-        std::printf("    %-16s %7.2f ms, %5.1f calls", ops::OpProfile::kNames[k], 1e3 * b.seconds / steps,
-                    static_cast<double>(b.calls) / steps);
-        if (b.weight_bytes > 0)
-          std::printf(", %.1f MB of weights at %.1f GB/s (%.0f%% of the bandwidth)", b.weight_bytes / steps / 1e6,
-                      b.weight_bytes / b.seconds / 1e9, 100 * b.weight_bytes / b.seconds / bandwidth);
-        std::printf("\n");
-      }
-      std::printf("    %-16s %7.2f ms (norms, routing, residuals, embedding, sampling, scheduling)\n", "rest",
-                  L.decode_step_ms - 1e3 * L.decode_profile.seconds() / steps);
+      bench::print_op_profile(L.decode_profile, 1e-3 * L.decode_step_ms * steps, steps, bandwidth,
+                              "norms, routing, residuals, embedding, sampling, scheduling");
     }
   }
   return 0;

@@ -52,6 +52,7 @@
 #include "base/thread_pool.h"
 #include "models/deepseek_v3.h"
 #include "matmul_peak.h"
+#include "op_profile.h"
 #include "roofline.h"
 
 namespace {
@@ -472,18 +473,7 @@ int main(int argc, char** argv) {
       // per decode token, and the whole timed prefill: where the time goes and how fast each kind
       // streams its weights
       auto print_profile = [&](const ops::OpProfile& prof, double total_s, double per, double bw) {
-        for (int k = 0; k < ops::OpProfile::kNumKinds; ++k) {
-          const auto& b = prof.buckets[k];
-          if (b.calls == 0) continue;
-          std::printf("    %-16s %7.2f ms, %5.1f calls", ops::OpProfile::kNames[k], 1e3 * b.seconds / per,
-                      static_cast<double>(b.calls) / per);
-          if (b.weight_bytes > 0)
-            std::printf(", %.1f MB of weights at %.1f GB/s (%.0f%% of the bandwidth)", b.weight_bytes / per / 1e6,
-                        b.weight_bytes / b.seconds / 1e9, 100 * b.weight_bytes / b.seconds / bw);
-          std::printf("\n");
-        }
-        std::printf("    %-16s %7.2f ms (norms, routing, residuals, embedding, argmax)\n", "rest",
-                    1e3 * (total_s - prof.seconds()) / per);
+        bench::print_op_profile(prof, total_s, per, bw, "norms, routing, residuals, embedding, argmax");
       };
       const double reps = static_cast<double>(a.repetitions);
       std::printf("  prefill time by kind of op (%.1f ms in all):\n", 1e3 * prefill_total_s / reps);
