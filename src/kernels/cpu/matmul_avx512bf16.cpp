@@ -15,7 +15,8 @@
 //   fp8, 16 for 4-bit; fp8 and 4-bit weights also in exact mode): each task splits its rows into 4
 //   lanes and reads one row of each lane side by side (lane_tiles: 4 long sequential streams);
 //   bf16 calls of 5-12 tokens run groups of up to 8 tokens in one pass each (kWideTiles, 3 or 4
-//   lanes). fp8 calls of 13-64 tokens dequantize chunks of rows to bf16 once and run those tiles on them.
+//   lanes). fp8 calls of 13-64 tokens dequantize chunks of rows to bf16 once and run those tiles
+//   on them.
 //   Exact-mode prefill: each task owns a range of 4-row groups, walks it in chunks of rows that
 //   stay in L2 (~128 KiB), and runs every token against a chunk before the next; the microkernel
 //   (tile_bf16) keeps 4 rows x up to 4 tokens of dot-product accumulators in registers. Longer calls that round x to bf16 (batched
@@ -75,10 +76,11 @@ constexpr int64_t kQ4DirectMaxTokens = 16;
 // fp8 and bf16 calls of up to this many tokens run without packed panels: on the decode tiles (rows
 // in lanes, each weight streamed from memory once; token pairs / quads re-read a tile's rows from
 // L1/L2) or, fp8 past kFp8TileMaxTokens, on dequantized chunks; longer ones on packed panels.
-// Zen 5, 1 thread, kernel_bench --batched-only, same process: fp8 on the tiles 137-154 GFLOPS at T = 8 against 35 on the panels (which dequantize every weight to bf16
-// and repack it: at T = 8 that costs more than the dot products), 142-158 vs 64 at T = 16,
-// 161-168 vs 104 at T = 32, equal at T = 64 (~165). bf16 at T = 8: 1.0-1.3x the panels, at T = 16
-// 0.85-1.1x (noise): the tiles stop at 8. Batched decode with few streams per expert and
+// Zen 5, 1 thread, kernel_bench --batched-only, same process: fp8 on the tiles 137-154 GFLOPS at
+// T = 8 against 35 on the panels (which dequantize every weight to bf16 and repack it: at T = 8
+// that costs more than the dot products), 142-158 vs 64 at T = 16, 161-168 vs 104 at T = 32, equal
+// at T = 64 (~165). bf16 on the token-quad tiles at T = 8: 1.0-1.3x the panels, at T = 16 0.85-1.1x
+// (noise): they stopped at 8 until the wide tiles. Batched decode with few streams per expert and
 // speculative verification (k + 1 tokens) are made of these calls.
 constexpr int64_t kFp8DirectMaxTokens = 64;
 // bf16 since the wide tiles (kWideTokens: two passes at T = 9-16): Zen 5, alternating calls, their
@@ -94,10 +96,10 @@ constexpr int64_t kBf16SplitDirectMaxTokens = 8;
 // Within kFp8DirectMaxTokens, fp8 calls of up to this many tokens decode the codes in registers
 // (tile_fp8: a decode per token pair); longer ones dequantize a chunk of rows to bf16 once and run
 // the bf16 dot-product tiles over it (run_rows). The tiles re-decode every weight T / 2 times, so
-// past a dozen tokens the decode is the work: Zen 5, alternating calls, chunks' time / tiles', 1 and 2
-// threads, 2048 x 1408, 1408 x 2048, 3072 x 2048: 1.2-1.3 at T = 8, 0.96-1.1 at 12, 0.83-1.02 at
-// 16, 0.79-0.85 at 32, 0.60-0.75 at 64 (T = 64: 1.4 -> 2.4 GB/s of codes at one thread). The
-// chunks lose to the panels from T ~ 80 (1.03-1.13x their time at T = 80-128).
+// past a dozen tokens the decode is the work: Zen 5, alternating calls, chunks' time / tiles', 1
+// and 2 threads, 2048 x 1408, 1408 x 2048, 3072 x 2048: 1.2-1.3 at T = 8, 0.96-1.1 at 12,
+// 0.83-1.02 at 16, 0.79-0.85 at 32, 0.60-0.75 at 64 (T = 64: 1.4 -> 2.4 GB/s of codes at one
+// thread). The chunks lose to the panels from T ~ 80 (1.03-1.13x their time at T = 80-128).
 constexpr int64_t kFp8TileMaxTokens = 12;
 // f16 weights are dequantized to bf16 chunks at every T; calls of more tokens run on packed panels.
 constexpr int64_t kF16DirectMaxTokens = 4;
@@ -256,9 +258,10 @@ __attribute__((always_inline)) inline void prefetch_rows(const void* at, int64_t
 // kept ~75%): its decode work per byte is high enough that the hardware prefetcher falls behind.
 inline constexpr Prefetch kDecodePrefetch{2048, 0};
 
-// Rows [begin, end) of one task as decode tiles: 4 lanes of L = (end - begin) / 4 rows read side
-// by side (tile i: rows begin + i + q L, q = 0..3; fn(n0, 4, L)), then the 0-3 rows left over as
-// one tile of consecutive rows (fn(n0, rows, 1)). fn(n0, nr, rs): rows n0 + r rs, r < nr.
+// Rows [begin, end) of one task as decode tiles: `lanes` (4, or 3 for the widest batched tiles)
+// lanes of L = (end - begin) / lanes rows read side by side (tile i: rows begin + i + q L, q <
+// lanes; fn(n0, lanes, L)), then the rows left over as one tile of consecutive rows (fn(n0, rows,
+// 1)). fn(n0, nr, rs): rows n0 + r rs, r < nr.
 template <class Fn>
 inline void lane_tiles(int64_t begin, int64_t end, Fn&& fn, int64_t lanes = 4) {
   const int64_t L = (end - begin) / lanes;
@@ -391,10 +394,11 @@ constexpr const TileFn* kTiles[2][4] = {{kTileRow<1, false>, kTileRow<2, false>,
 // over the quads': T = 7-8 0.80-0.88 (1 thread), 0.74-0.86 (2 threads; the lm_head 0.79), T = 5-6
 // 0.87-1.0 / 0.77-1.0.
 constexpr int64_t kWideTokens = 8;
+// [nt - 5][nr - 1]; no 4-row tiles of 7-8 tokens (28-32 accumulators would spill)
 constexpr TileFn kWideTiles[4][4] = {
     {&tile_bf16<1, 5, false>, &tile_bf16<2, 5, false>, &tile_bf16<3, 5, false>, &tile_bf16<4, 5, false>},
     {&tile_bf16<1, 6, false>, &tile_bf16<2, 6, false>, &tile_bf16<3, 6, false>, &tile_bf16<4, 6, false>},
-    {&tile_bf16<1, 7, false>, &tile_bf16<2, 7, false>, &tile_bf16<3, 7, false>, nullptr},  // 4 x 7 would spill
+    {&tile_bf16<1, 7, false>, &tile_bf16<2, 7, false>, &tile_bf16<3, 7, false>, nullptr},
     {&tile_bf16<1, 8, false>, &tile_bf16<2, 8, false>, &tile_bf16<3, 8, false>, nullptr}};
 // nr rows (4 only for nt <= 6) x nt <= 8 tokens, x rounded to bf16
 inline TileFn wide_tile(int64_t nr, int64_t nt) {
