@@ -404,6 +404,17 @@ constexpr TileFn kWideTiles[4][4] = {
 inline TileFn wide_tile(int64_t nr, int64_t nt) {
   return nt <= 4 ? kTiles[0][nr - 1][nt - 1] : kWideTiles[nt - 5][nr - 1];
 }
+// T tokens in balanced groups of at most kWideTokens (T = 10 as 5 + 5): fn(t0, nt) per group.
+template <class Fn>
+inline void wide_token_groups(int64_t T, Fn&& fn) {
+  const int64_t groups = (T + kWideTokens - 1) / kWideTokens;
+  for (int64_t g = 0; g < groups; ++g) fn(T * g / groups, T * (g + 1) / groups - T * g / groups);
+}
+// Rows per wide tile for T tokens: 4, or 3 where a group has 7-8 tokens.
+inline int64_t wide_rows(int64_t T) {
+  const int64_t groups = (T + kWideTokens - 1) / kWideTokens;
+  return (T + groups - 1) / groups <= 6 ? 4 : 3;
+}
 
 // All T tokens against `rows` bf16 weight rows (row stride ws); y points at column n0 of row 0.
 // lo_off > 0: x is split hi/lo (convert_x), at xb and xb + lo_off. The rows sit in L2 here
@@ -413,15 +424,13 @@ void run_rows(const uint16_t* w, int64_t ws, int64_t rows, const uint16_t* xb, i
   // x rounded to bf16 (fp8's dequantized chunks, f16): groups of up to 8 tokens on the wide tiles,
   // 0.90-0.95x the token quads' time at T = 16-64 (fp8, Zen 5, 1 and 2 threads, alternating calls)
   if (lo_off == 0) {
-    const int64_t groups = (T + kWideTokens - 1) / kWideTokens, biggest = (T + groups - 1) / groups;
-    const int64_t step_rows = biggest <= 6 ? 4 : 3;
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t t0 = T * g / groups, nt = T * (g + 1) / groups - t0;
+    const int64_t step_rows = wide_rows(T);
+    wide_token_groups(T, [&](int64_t t0, int64_t nt) {
       for (int64_t r0 = 0; r0 < rows; r0 += step_rows) {
         const int64_t nr = std::min<int64_t>(step_rows, rows - r0);
         wide_tile(nr, nt)(w + r0 * ws, ws, xb + t0 * Kp, 0, Kp, K, y + t0 * N + r0, N, 1, accumulate, Prefetch{0, 0});
       }
-    }
+    });
     return;
   }
   for (int64_t t0 = 0; t0 < T; t0 += 4) {
@@ -1492,16 +1501,14 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
     if (bf16_direct) {
       const uint16_t* wb = static_cast<const uint16_t*>(w.data);
       if (!split && T > 4) {
-        // 5-12 tokens: one pass over the rows per group of at most 8 tokens (wide_tile), balanced
-        // (T = 10 as 5 + 5), rows from 4 lanes, or 3 where a group has 7-8 tokens
-        const int64_t groups = (T + kWideTokens - 1) / kWideTokens, biggest = (T + groups - 1) / groups;
+        // 5-12 tokens: one pass over the rows per group of at most 8 tokens (wide_tile), rows
+        // from as many lanes as the tiles have rows
         lane_tiles(n_begin, n_end, [&](int64_t n0, int64_t nr, int64_t rs) {
-          for (int64_t g = 0; g < groups; ++g) {
-            const int64_t t0 = T * g / groups, nt = T * (g + 1) / groups - t0;
+          wide_token_groups(T, [&](int64_t t0, int64_t nt) {
             wide_tile(nr, nt)(wb + n0 * K, rs * K, xb + t0 * Kp, 0, Kp, K, y + t0 * N + n0, N, rs, false,
                               kDecodePrefetch);
-          }
-        }, biggest <= 6 ? 4 : 3);
+          });
+        }, wide_rows(T));
         return;
       }
       lane_tiles(n_begin, n_end, [&](int64_t n0, int64_t nr, int64_t rs) {
