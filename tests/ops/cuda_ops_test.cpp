@@ -26,6 +26,11 @@ namespace {
 
 constexpr double kExact = 1e-5;
 constexpr double kBf16 = 1e-2;
+// MLA attention in fp32 on both sides, summed in another order: the cache's 1e3-scaled row gives
+// scores near 1e3, where fp32 rounding moves a score by ~1e-4 and the softmax weights with it.
+// The first H200 run read 3.5e-5 (bf16 cache, 12 heads padded to 16, block size 1); a wrong head,
+// row or block reads O(1).
+constexpr double kAttention = 1e-4;
 
 // Host vector mirrored on the device.
 template <typename T>
@@ -255,7 +260,7 @@ TEST_F(CudaOps, PagedLatentCacheStoreAndMlaAttentionIncludingPadHeads) {
         ASSERT_TRUE(table.ok()) << table.error().message;
         table->mla_attention(MlaAttentionArgs{dq.p, T, heads, C, R, LatentPages{dref_bytes.p, dref_scales.p, dtype, B},
                                               dtables.p, max_blocks, dseq.p, dlens.p, scale, dout.p});
-        EXPECT_LE(normalized_error(dout.host(), ref), kExact)
+        EXPECT_LE(normalized_error(dout.host(), ref), kAttention)
             << "heads=" << heads << " kv=" << dtype_name(dtype) << " block=" << B;
       }
     }

@@ -142,7 +142,13 @@ void attn_res_mix(const AttnResMixArgs& a) {
     MOAT_CUDA_OK(cudaMemcpy(dev_rows, a.rows, sizeof(const float*) * a.num_rows, cudaMemcpyHostToDevice));
     p.dev_rows = dev_rows;
   }
-  attn_res_mix_kernel<<<static_cast<unsigned>(a.num_tokens), kThreads, sizeof(double) * a.num_rows>>>(p);
+  // Rounded up to 4 doubles: the weighted-sum loop's remainder (after its 4-way unroll) loads
+  // p[r] and p[r + 1] as one 16-byte LDS.128 before testing whether a second row is left (SASS of
+  // the sm_90 build), so with an odd row count it reads 8 bytes past p. The value is unused, but
+  // compute-sanitizer's memcheck flagged it on an H200 (num_rows = 1) and killed the kernel; the
+  // padding is never written and never weighted.
+  const size_t shared = sizeof(double) * ((a.num_rows + 3) / 4 * 4);
+  attn_res_mix_kernel<<<static_cast<unsigned>(a.num_tokens), kThreads, shared>>>(p);
   MOAT_CUDA_OK(cudaGetLastError());
 }
 
