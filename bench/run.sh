@@ -22,6 +22,10 @@
 #                            and replaces the kernel section in place
 #   ONLY=model bench/run.sh reruns the model decode and prefill rows (MODELS) and replaces them in place
 #   ONLY=spec bench/run.sh  reruns the speculative-decoding rows and replaces them in place
+#   ONLY=cuda bench/run.sh  reruns the CUDA backend section: build/cuda_bench on this machine's GPU
+#                            (~1 minute), or CUDA_BENCH_OUTPUT=FILE, cuda_bench's output saved on a GPU
+#                            machine (bench/cuda_device_check.sh writes it), and replaces that section in
+#                            place. A full run without a GPU or that file keeps the section it finds.
 #   ONLY=serve bench/run.sh reruns the engine-core rows and `moat serve` over HTTP, then the HTTP
 #                            overhead (bench/http_overhead.sh: engine core and server back to back,
 #                            OVERHEAD_REPS=3 pairs at concurrency 1 and 64, ~20 minutes), and replaces
@@ -36,10 +40,72 @@ cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD_DIR" --target kernel_bench -j2 >/dev/null
 
 ONLY=${ONLY:-}
+
+# The CUDA backend's ops at DeepSeek-V3 shapes (bench/cuda_bench.cpp), measured where a GPU is or
+# read from CUDA_BENCH_OUTPUT; otherwise the section already in $OUT is carried over unchanged.
+cuda_rows=""
+if [[ -n "${CUDA_BENCH_OUTPUT:-}" ]]; then
+  cuda_rows=$(cat "$CUDA_BENCH_OUTPUT")
+elif [[ -z "$ONLY" || "$ONLY" == cuda ]] && cmake --build "$BUILD_DIR" --target cuda_bench -j2 >/dev/null 2>&1; then
+  cuda_rows=$("$BUILD_DIR/cuda_bench" 2>/dev/null) || cuda_rows=""
+fi
+previous_cuda_section=$(/usr/bin/python3 - "$OUT" <<'PY'
+import re, sys, os
+text = open(sys.argv[1]).read() if os.path.exists(sys.argv[1]) else ""
+m = re.search(r"<!-- bench/run.sh section: cuda .*?<!-- end of section: cuda -->\n", text, re.S)
+print(m.group(0) if m else "", end="")
+PY
+)
+cuda_section() {
+  echo "<!-- bench/run.sh section: cuda (ONLY=cuda bench/run.sh regenerates it alone, on a GPU or from CUDA_BENCH_OUTPUT) -->"
+  echo
+  echo "## CUDA backend: decode ops at DeepSeek-V3 shapes on one GPU"
+  echo
+  echo "_Measured $(date -u +%Y-%m-%d) ($(git rev-parse --short HEAD 2>/dev/null || echo '?')) by \`cuda_bench\` on the device it names below;"
+  echo "the CPU machine of this file's header did not run it._ The engine does not run a model on the GPU yet"
+  echo "(\`--backend\` takes cpu or reference), so these are the cuda ops alone, at DeepSeek-V3 / Kimi K2 shapes with"
+  echo "random weights, each against two limits measured in the same run: a device-to-device copy (bytes read +"
+  echo "written; a read-only stream such as a GEMV can pass it by a few %) and the bf16 matmul op's own rate at"
+  echo "8192^3 (cuBLAS after rounding x to bf16). Weights cycle through >= 256 MB so every call reads HBM; times are"
+  echo "CUDA events, the median of up to 25 calls. Decode-sized matmuls (T <= 8, bf16 or fp8) run moat's GEMV"
+  echo "(fp32 arithmetic, weights streamed once); larger ones cuBLAS, fp8 after dequantizing the matrix to bf16."
+  echo "MLA rows read a paged cache of 576-value rows (blocks of 64) for 128 heads (TP 1) or 16 (TP 8); GB/s"
+  echo "counts each cache row once per step."
+  echo
+  echo "$cuda_rows"
+  echo
+  echo "What limits each group (from these rows and the kernels' design; no hardware counters were read):"
+  echo "- bf16 GEMV: the large matrices stream at 82-105% of the copy probe; q_a + kv_a (2112 rows) and q_b reach"
+  echo "  50-69%: 15-25 us calls where launch and the last wave's tail weigh (K is split over up to 8 warps a row"
+  echo "  pair to fill the GPU; that took q_a + kv_a from 41% to 48-50%)."
+  echo "- fp8 GEMV: 23-45%, in about the same time as bf16 for half the bytes, so not the memory: every code is"
+  echo "  converted e4m3 -> f16 -> f32 and multiplied in fp32, per weight; the conversion's cost is the suspect,"
+  echo "  not established."
+  echo "- fp8 at T = 16-512: 5-9%: the whole matrix is dequantized to a bf16 copy every call (1 byte read, 2 written,"
+  echo "  2 read again by cuBLAS). FP8 tensor-core GEMMs with the checkpoint's 128 x 128 block scales would remove it."
+  echo "- Routed experts: bf16 44-55% up to 64 tokens (each expert's gate, up and down are separate GEMV launches,"
+  echo "  8-24 per layer at T = 1, plus one synchronization reading the expert ids back); fp8 inherits its GEMV's 21-23%"
+  echo "  and its dequantized path past 8 rows an expert (8% at 256 tokens)."
+  echo "- MLA decode: fp32 on CUDA cores. At 128 heads a cache row costs 2 x 128 x 1088 flops for 1152 bytes"
+  echo "  (~240 flops/byte), so the copy bandwidth would need ~1 PFLOP/s: only tensor cores (bf16 q . k and p . v, as"
+  echo "  FlashMLA) can get there; the kernel runs ~13 TFLOP/s (~20% of the fp32 datasheet peak). At 16 heads"
+  echo "  (~30 flops/byte) the same holds at 1/8 the flops: 10% of the copy bandwidth."
+  echo
+  echo "History (same H200 kind, same day): the first run of the cuda backend (every kernel as first written) read fp8"
+  echo "matmuls at 3% of the copy bandwidth at every T up to 64 (the per-weight dequantization), routed experts at"
+  echo "28-42% (bf16) and 3% (fp8), and MLA decode at 0-1%: 840 ms for 64 x 32k rows at 128 heads, 106 ms at 16, 1.65 ms"
+  echo "for one 4k sequence (one block per token and head walking every row alone). Now 43 ms, 5.8 ms, 0.05 ms."
+  echo "compute-sanitizer: memcheck finds no error in tests/ops/cuda_ops_test.cpp (it found attn_res_mix's"
+  echo "over-read on the first run); racecheck finds none in moat's kernels and reports hazards inside cuBLAS's own"
+  echo "nvjet kernels (calls of 9 and 17 tokens)."
+  echo
+  echo "<!-- end of section: cuda -->"
+}
+
 load_before=$(cut -d' ' -f1 /proc/loadavg)
 if [[ "$ONLY" == kimi ]]; then
   kernels=$("$BUILD_DIR/kernel_bench" --threads "$THREADS" --kda-only --markdown)
-elif [[ "$ONLY" == serve || "$ONLY" == tp || "$ONLY" == peer || "$ONLY" == model || "$ONLY" == spec ]]; then
+elif [[ "$ONLY" == serve || "$ONLY" == tp || "$ONLY" == peer || "$ONLY" == model || "$ONLY" == spec || "$ONLY" == cuda ]]; then
   kernels=""
 else
   kernels=$("$BUILD_DIR/kernel_bench" --threads "$THREADS" --markdown)
@@ -242,6 +308,15 @@ replace_only_section() {
   echo "$4"
   exit 0
 }
+
+if [[ "$ONLY" == cuda ]]; then
+  [[ -n "$cuda_rows" ]] || { echo "ONLY=cuda: no GPU here (build/cuda_bench exits 77) and no CUDA_BENCH_OUTPUT file" >&2; exit 1; }
+  cuda_section > "$OUT.cuda"
+  replace_section cuda "$OUT.cuda" ""
+  rm -f "$OUT.cuda"
+  echo "replaced the CUDA section of $OUT"
+  exit 0
+fi
 
 # The kernel table with its rooflines (a marked section: ONLY=kernels regenerates it alone).
 kernel_section() {
@@ -684,6 +759,13 @@ fi
   if command -v mpirun >/dev/null && [[ -f checkpoints/bench-serve/tokenizer.json ]]; then
     echo
     tp_section
+  fi
+  if [[ -n "$cuda_rows" ]]; then
+    echo
+    cuda_section
+  elif [[ -n "$previous_cuda_section" ]]; then
+    echo
+    echo "$previous_cuda_section"
   fi
 } > "$OUT"
 echo "wrote $OUT"

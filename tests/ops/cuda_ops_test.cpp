@@ -87,8 +87,11 @@ TEST(CudaOpsRegistry, EveryOpHasACudaKernel) {
 TEST_F(CudaOps, Matmul) {
   std::mt19937 rng(1);
   for (DType dtype : {DType::F32, DType::BF16, DType::F16, DType::F8_E4M3})
-    for (auto [N, K] : {std::pair<int64_t, int64_t>{5, 7}, {130, 300}, {64, 2048}})
-      for (int64_t T : {1, 3, 17}) {
+    // K = 64, 528 and 2048 take the decode GEMV at T <= 8 (bf16, fp8; 528: a partial fp8 scale
+    // block, 130: a partial pair of rows; 64 and 130 rows split K over 2-8 warps, 1000 rows of 64
+    // do not); 7 and 300 do not divide into its 16-byte chunks.
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{5, 7}, {130, 300}, {64, 2048}, {130, 528}, {1000, 64}})
+      for (int64_t T : {1, 3, 8, 9, 17}) {
         std::vector<uint8_t> bytes(N * K * dtype_size(dtype));
         const auto vals = randn(N * K, rng, 0.5f);
         for (int64_t i = 0; i < N * K; ++i) {
@@ -264,6 +267,69 @@ TEST_F(CudaOps, PagedLatentCacheStoreAndMlaAttentionIncludingPadHeads) {
             << "heads=" << heads << " kv=" << dtype_name(dtype) << " block=" << B;
       }
     }
+}
+
+// Decode over many sequences of different lengths (1 to 1500 rows), the shape of a batched decode
+// step: the kernel cuts each sequence's rows into splits that depend on the device's size and the
+// batch, so this covers splits of the 64-row minimum and longer ones crossing block boundaries,
+// empty splits (a 1-row sequence), and 128 heads (8 head groups a token). A latent of 128 + 32
+// takes the generic kernel (the split kernel is built for DeepSeek-V3 / Kimi's 512 + 64).
+TEST_F(CudaOps, MlaAttentionBatchedDecodeLongSequences) {
+  std::mt19937 rng(41);
+  const int64_t S = 32;
+  for (auto [C, R] : {std::pair<int64_t, int64_t>{512, 64}, {128, 32}})
+    for (DType dtype : {DType::BF16, DType::F8_E4M3})
+      for (int64_t B : {16, 64}) {
+        const int64_t D = C + R;
+        std::vector<int32_t> seq_len(S);
+        std::uniform_int_distribution<int32_t> len(2, 1500);
+        for (int32_t& L : seq_len) L = len(rng);
+        seq_len[0] = 1, seq_len[1] = 1500, seq_len[2] = static_cast<int32_t>(B);
+        int64_t max_blocks = 0, used = 0;
+        for (int32_t L : seq_len) {
+          max_blocks = std::max<int64_t>(max_blocks, (L + B - 1) / B);
+          used += (L + B - 1) / B;
+        }
+        std::vector<int32_t> ids(used);
+        for (int64_t i = 0; i < used; ++i) ids[i] = static_cast<int32_t>(i);
+        std::shuffle(ids.begin(), ids.end(), rng);
+        std::vector<int32_t> tables(S * max_blocks, 0);
+        std::vector<int64_t> slots;
+        size_t next = 0;
+        for (int64_t s = 0; s < S; ++s) {
+          for (int64_t b = 0; b < (seq_len[s] + B - 1) / B; ++b) tables[s * max_blocks + b] = ids[next++];
+          for (int64_t j = 0; j < seq_len[s]; ++j) slots.push_back(int64_t{tables[s * max_blocks + j / B]} * B + j % B);
+        }
+        const auto rows = randn(static_cast<int64_t>(slots.size()) * D, rng);
+        HostPages pages(dtype, used * B, D);
+        const LatentPages host_cache{pages.bytes.data(), pages.scales.data(), dtype, B};
+        ref_fn<StoreLatentFn>(OpId::store_latent)(
+            StoreLatentArgs{rows.data(), static_cast<int64_t>(slots.size()), D, slots.data(), host_cache});
+        Dev<uint8_t> dbytes(pages.bytes);
+        Dev<float> dscales(pages.scales);
+        Dev<int32_t> dtables(tables);
+        for (int64_t heads : {16, 128}) {
+          if (heads == 128 && (B != 64 || C != 512)) continue;  // the double-precision reference is slow
+          // one decode token per sequence, in shuffled order
+          std::vector<int32_t> token_seq(S), kv_len(S);
+          for (int64_t t = 0; t < S; ++t) token_seq[t] = static_cast<int32_t>(t);
+          std::shuffle(token_seq.begin(), token_seq.end(), rng);
+          for (int64_t t = 0; t < S; ++t) kv_len[t] = seq_len[token_seq[t]];
+          const auto q = randn(S * heads * D, rng);
+          const float scale = 1.0f / std::sqrt(192.0f);
+          std::vector<float> ref(S * heads * C);
+          ref_fn<MlaAttentionFn>(OpId::mla_attention)(MlaAttentionArgs{q.data(), S, heads, C, R, host_cache, tables.data(),
+                                                                       max_blocks, token_seq.data(), kv_len.data(), scale,
+                                                                       ref.data()});
+          Dev<float> dq(q), dout(std::vector<float>(ref.size(), NAN));
+          Dev<int32_t> dseq(token_seq), dlens(kv_len);
+          cuda_fn<MlaAttentionFn>(OpId::mla_attention)(MlaAttentionArgs{dq.p, S, heads, C, R,
+                                                                        LatentPages{dbytes.p, dscales.p, dtype, B}, dtables.p,
+                                                                        max_blocks, dseq.p, dlens.p, scale, dout.p});
+          EXPECT_LE(normalized_error(dout.host(), ref), kAttention)
+              << "heads=" << heads << " kv=" << dtype_name(dtype) << " block=" << B << " latent=" << C << "+" << R;
+        }
+      }
 }
 
 TEST_F(CudaOps, MoeRoute) {

@@ -1,24 +1,30 @@
 // CUDA kernels for every op, the same semantics as src/kernels/reference (see cuda_backend.h for
-// pointer and stream rules). Written for correctness and a clear path to speed, not yet tuned:
-//   matmul         cuBLAS GemmEx bf16 x bf16 -> fp32 (activations rounded to bf16 once per call;
-//                  fp8/f16 weights dequantized to a bf16 scratch matrix first, scale folded in);
-//                  f32 weights: cublasSgemm.
-//   mla_attention  one block per (token, head); warps take rows of the paged cache (through the
-//                  block table, bf16/fp8 converted on load) with an online softmax, then merge
-//                  through shared memory.
+// pointer and stream rules). Measured on an H200 by bench/cuda_bench.cpp (BENCHMARKS.md):
+//   matmul         decode-sized calls (T <= 8, bf16 or fp8): a GEMV that streams the weights once
+//                  in fp32 arithmetic. Larger: cuBLAS GemmEx bf16 x bf16 -> fp32 (activations
+//                  rounded to bf16 once per call; fp8/f16 weights dequantized to a bf16 scratch
+//                  matrix first, scale folded in); f32 weights: cublasSgemm.
+//   mla_attention  kv_lora 512 + rope 64 (DeepSeek-V3, Kimi): flash-decoding, one block per
+//                  (token, 16 heads, split of the rows) reading each cache row once for its heads,
+//                  then a merge of the splits. Other widths: one block per (token, head); warps take
+//                  rows of the paged cache with an online softmax, then merge through shared memory.
 //   store_latent   one block per token (fp8: a block max for the row scale).
 //   sampling       one block per row; top-k/top-p thresholds by binary search on the float bits
 //                  (probabilities are >= 0, so their bit patterns order like their values).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cuda/cuda_backend.h"
@@ -55,6 +61,15 @@ struct Scratch {
     return p;
   }
 };
+
+int multiprocessors() {
+  static const int count = [] {
+    int n = 0;
+    MOAT_CUDA_OK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0));
+    return n;
+  }();
+  return count;
+}
 
 __device__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -135,6 +150,190 @@ __global__ void dequant_kernel(const void* data, int is_fp8, const float* scale_
     v = __half2float(static_cast<const __half*>(data)[i]);
   }
   out[i] = __float2bfloat16_rn(v);
+}
+
+// The same dequantization 8 weights a thread (one 8- or 16-byte load, one 16-byte store, one
+// row/column division per 8 instead of per weight): the per-weight kernel above moved fp8 at
+// ~125 GB/s on an H200, 3% of its copy bandwidth. Needs K % 8 == 0 and 16-byte aligned rows.
+__global__ void dequant8_kernel(const void* data, int is_fp8, const float* scale_inv, int64_t N, int64_t K,
+                                int64_t bo, int64_t bi, __nv_bfloat16* out) {
+  const int64_t groups_per_row = K / 8;
+  const int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (g >= N * groups_per_row) return;
+  const int64_t n = g / groups_per_row, k = (g - n * groups_per_row) * 8;
+  __nv_bfloat16 v[8];
+  if (is_fp8) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(data) + n * K + k);
+    // A group of 8 never straddles a scale block: bi % 8 == 0 (checked by the caller).
+    const float scale = scale_inv[(n / bo) * ((K + bi - 1) / bi) + k / bi];
+    const uint32_t words[2] = {raw.x, raw.y};
+    for (int w = 0; w < 2; ++w)
+      for (int b = 0; b < 4; ++b)
+        v[4 * w + b] = __float2bfloat16_rn(fp8_e4m3_value(static_cast<uint8_t>(words[w] >> (8 * b))) * scale);
+  } else {
+    const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const __half*>(data) + n * K + k);
+    const __half* h = reinterpret_cast<const __half*>(&raw);
+    for (int j = 0; j < 8; ++j) v[j] = __float2bfloat16_rn(__half2float(h[j]));
+  }
+  *reinterpret_cast<uint4*>(out + n * K + k) = *reinterpret_cast<const uint4*>(v);
+}
+
+// ---- decode GEMV (T <= kGemvMaxTokens) ---------------------------------------------------------
+// A decode-sized call through cuBLAS costs a rounding kernel, the GEMM and, for fp8, a dequantized
+// bf16 copy of the whole matrix: 5 bytes moved per fp8 weight instead of 1 (3% of an H200's copy
+// bandwidth at T = 1), and 23-48% of it for the smaller bf16 projections (q_a + kv_a, q_b). This
+// kernel streams the weights once: each warp owns kGemvRows rows; each lane loads 16 bytes of each
+// row per chunk (8 bf16 or 16 fp8 codes), kGemvUnroll chunks ahead, and multiplies them with the
+// fp32 x values under them (x is read kGemvRows times less than the weights); the warp sums its
+// lanes at the end. fp32 arithmetic throughout: x is not rounded to bf16 here.
+constexpr int kGemvRows = 2;
+constexpr int kGemvUnroll = 4;
+constexpr int kGemvMaxTokens = 8;
+constexpr int kGemvWarps = 8;
+
+__device__ inline void bf16x8_to_float(const uint4& raw, float* out) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __uint_as_float(w[i] << 16);
+    out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+// e4m3 -> half is exact (every e4m3 value is an fp16 value); sm_89+ does it in hardware.
+__device__ inline void fp8x16_to_float(const uint4& raw, float* out) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[i] >> (16 * p)), __NV_E4M3);
+      const float2 f = __half22float2(__half2(h));
+      out[4 * i + 2 * p] = f.x;
+      out[4 * i + 2 * p + 1] = f.y;
+    }
+  }
+}
+
+// Warps split K `ksplit` ways when the rows alone would not fill the GPU (q_a + kv_a's 2112 rows
+// gave one block per multiprocessor and 41% of the bandwidth): a block then holds
+// kGemvWarps / ksplit row pairs, and the partial sums meet in shared memory.
+template <int kT, bool kFp8>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const float* __restrict__ x, const uint8_t* __restrict__ w,
+                                                              const float* __restrict__ scale_inv, int64_t N, int64_t K,
+                                                              int64_t scale_cols, int64_t bo, int64_t bi, int ksplit,
+                                                              float* __restrict__ y) {
+  constexpr int kElems = kFp8 ? 16 : 8;  // weights per 16-byte load
+  constexpr int kWeightBytes = kFp8 ? 1 : 2;
+  __shared__ float partial[kGemvWarps][kGemvRows][kT];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % ksplit;
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * (kGemvWarps / ksplit) + warp / ksplit) * kGemvRows;
+  const int64_t chunks = K / kElems, per_part = (chunks + ksplit - 1) / ksplit;
+  const int64_t c_begin = min(chunks, part * per_part), c_end = min(chunks, c_begin + per_part);
+  float acc[kGemvRows][kT];
+#pragma unroll
+  for (int r = 0; r < kGemvRows; ++r)
+#pragma unroll
+    for (int t = 0; t < kT; ++t) acc[r][t] = 0.0f;
+  // rows past N read row N - 1 again and are never written (no early exit: the block meets below)
+  const uint8_t* rows[kGemvRows];
+#pragma unroll
+  for (int r = 0; r < kGemvRows; ++r) rows[r] = w + min(n0 + r, N - 1) * K * kWeightBytes;
+  for (int64_t c0 = c_begin; c0 < c_end; c0 += 32 * kGemvUnroll) {
+    uint4 raw[kGemvUnroll][kGemvRows];
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      const int64_t c = c0 + u * 32 + lane;
+#pragma unroll
+      for (int r = 0; r < kGemvRows; ++r)
+        raw[u][r] = c < c_end ? __ldcs(reinterpret_cast<const uint4*>(rows[r]) + c) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      const int64_t c = c0 + u * 32 + lane;
+      if (c >= c_end) break;
+      const int64_t k = c * kElems;
+      float wf[kGemvRows][kElems];
+      float scale[kGemvRows];
+#pragma unroll
+      for (int r = 0; r < kGemvRows; ++r) {
+        if constexpr (kFp8) {
+          fp8x16_to_float(raw[u][r], wf[r]);
+          scale[r] = scale_inv[(min(n0 + r, N - 1) / bo) * scale_cols + k / bi];
+        } else {
+          bf16x8_to_float(raw[u][r], wf[r]);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < kT; ++t) {
+        const float4* xv = reinterpret_cast<const float4*>(x + t * K + k);
+        float xs[kElems];
+#pragma unroll
+        for (int j = 0; j < kElems / 4; ++j) {
+          const float4 v = __ldg(xv + j);
+          xs[4 * j] = v.x, xs[4 * j + 1] = v.y, xs[4 * j + 2] = v.z, xs[4 * j + 3] = v.w;
+        }
+#pragma unroll
+        for (int r = 0; r < kGemvRows; ++r) {
+          float dot = 0.0f;
+#pragma unroll
+          for (int j = 0; j < kElems; ++j) dot = fmaf(xs[j], wf[r][j], dot);
+          acc[r][t] = kFp8 ? fmaf(dot, scale[r], acc[r][t]) : acc[r][t] + dot;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kGemvRows; ++r)
+#pragma unroll
+    for (int t = 0; t < kT; ++t) {
+      const float v = warp_sum(acc[r][t]);
+      if (lane == 0) partial[warp][r][t] = v;
+    }
+  __syncthreads();
+  if (part != 0 || lane >= kGemvRows * kT) return;
+  const int r = lane / kT, t = lane % kT;
+  if (n0 + r >= N) return;
+  float v = 0.0f;
+  for (int p = 0; p < ksplit; ++p) v += partial[warp + p][r][t];
+  y[t * N + n0 + r] = v;
+}
+
+template <bool kFp8>
+void launch_gemv(const float* x, int64_t T, const WeightMatrix& w, float* y) {
+  const int64_t N = w.out_features, K = w.in_features;
+  // Enough warps for ~32 per multiprocessor, each part of K at least one pass of the warp.
+  const int64_t pairs = (N + kGemvRows - 1) / kGemvRows, chunks = K / (kFp8 ? 16 : 8);
+  int ksplit = 1;
+  while (ksplit < kGemvWarps && pairs * ksplit < 32 * static_cast<int64_t>(multiprocessors()) &&
+         chunks / (2 * ksplit) >= 32)
+    ksplit *= 2;
+  const int64_t rows_per_block = kGemvRows * (kGemvWarps / ksplit);
+  const unsigned blocks = static_cast<unsigned>((N + rows_per_block - 1) / rows_per_block);
+  const auto* data = static_cast<const uint8_t*>(w.data);
+  const int64_t sc = w.scale_cols();
+  switch (T) {
+#define MOAT_GEMV_CASE(n)                                                                                          \
+  case n:                                                                                                          \
+    gemv_kernel<n, kFp8><<<blocks, kGemvWarps * 32>>>(x, data, w.scale_inv, N, K, sc, w.block_out, w.block_in, ksplit, \
+                                                      y);                                                         \
+    break;
+    MOAT_GEMV_CASE(1) MOAT_GEMV_CASE(2) MOAT_GEMV_CASE(3) MOAT_GEMV_CASE(4)
+    MOAT_GEMV_CASE(5) MOAT_GEMV_CASE(6) MOAT_GEMV_CASE(7) MOAT_GEMV_CASE(8)
+#undef MOAT_GEMV_CASE
+    default: std::abort();
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Whether launch_gemv takes this call: decode-sized, bf16 or fp8 with whole 16-byte chunks per row
+// (and fp8 chunks inside one scale block), everything 16-byte aligned.
+bool gemv_applies(const float* x, int64_t T, const WeightMatrix& w) {
+  if (T < 1 || T > kGemvMaxTokens || !aligned16(x) || !aligned16(w.data)) return false;
+  if (w.dtype == DType::BF16) return w.in_features % 8 == 0;
+  if (w.dtype == DType::F8_E4M3) return w.in_features % 16 == 0 && w.block_in % 16 == 0;
+  return false;
 }
 
 // cuBLAS is opened on first use rather than linked: libcublasLt alone maps hundreds of MB at
@@ -320,6 +519,193 @@ __global__ void mla_attention_kernel(MlaAttentionArgs a) {
     out[d] = v / total;
   }
 }
+
+// ---- MLA decode attention, flash-decoding over heads and context splits ------------------------
+// The kernel above gives each (token, head) one block that walks every row alone, one row per warp
+// at a time: on an H200 it read the cache at 1-26 GB/s (0-1% of the copy bandwidth; 840 ms for 64
+// sequences of 32k rows at 128 heads). MLA's heads all read the same latent rows, so here one block
+// takes up to 16 heads of a token over one split of its rows: each row is loaded once per block
+// (the block's warps share it through L1) and used for 16 heads, and the context is cut into enough
+// splits to fill the GPU; a second kernel merges the splits' (max, sum, unnormalized output)
+// exactly as the online softmax does. Warp w takes heads 2w and 2w + 1, a half-warp per head; lane s
+// of a half-warp owns elements 64 i + 4 s + j (j < 4) of q, of every row and of the output (V is the
+// row's first kv_lora values, so the row's registers serve both products). fp32 throughout.
+// Instantiated for DeepSeek-V3 / Kimi's kv_lora 512 + rope 64.
+constexpr int kMlaHeadsPerBlock = 16;
+constexpr int kMlaChunksD = 9;  // (512 + 64) / 64
+constexpr int kMlaChunksC = 8;  // 512 / 64
+
+// A cache row's raw bits for one lane (4 values of each of its kMlaChunksD chunks), loaded ahead
+// of their use and converted to fp32 when used.
+template <int kKv>
+struct LatentRaw {
+  using Word = std::conditional_t<kKv == 0, float4, std::conditional_t<kKv == 1, uint2, uint32_t>>;
+  Word w[kMlaChunksD];
+  float scale;  // fp8's row scale
+};
+
+template <int kKv>
+__device__ inline void load_latent_raw(const LatentPages& c, int64_t slot, int s, LatentRaw<kKv>& raw) {
+  constexpr int64_t D = 64 * kMlaChunksD;
+  using Word = typename LatentRaw<kKv>::Word;
+  const Word* row = reinterpret_cast<const Word*>(
+      static_cast<const uint8_t*>(c.rows) + slot * D * (kKv == 0 ? 4 : kKv == 1 ? 2 : 1));
+#pragma unroll
+  for (int i = 0; i < kMlaChunksD; ++i) raw.w[i] = __ldg(row + 16 * i + s);  // elements 64 i + 4 s ..
+  if constexpr (kKv == 2) raw.scale = __ldg(c.row_scale + slot);
+}
+
+template <int kKv>
+__device__ inline void latent_to_float(const LatentRaw<kKv>& raw, int i, float* out) {
+  if constexpr (kKv == 0) {
+    out[0] = raw.w[i].x, out[1] = raw.w[i].y, out[2] = raw.w[i].z, out[3] = raw.w[i].w;
+  } else if constexpr (kKv == 1) {
+    out[0] = __uint_as_float(raw.w[i].x << 16), out[1] = __uint_as_float(raw.w[i].x & 0xffff0000u);
+    out[2] = __uint_as_float(raw.w[i].y << 16), out[3] = __uint_as_float(raw.w[i].y & 0xffff0000u);
+  } else {
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      const float2 f = __half22float2(
+          __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(raw.w[i] >> (16 * p)), __NV_E4M3)));
+      out[2 * p] = __fmul_rn(f.x, raw.scale);
+      out[2 * p + 1] = __fmul_rn(f.y, raw.scale);
+    }
+  }
+}
+
+// Rows a warp keeps in flight ahead of the one it multiplies: one row at a time left each warp
+// waiting a full memory latency per row (16 heads, 64 x 32k rows: 8% of the copy bandwidth). The
+// registers hold kMlaLookahead rows; rows further ahead, up to kMlaPrefetch, are asked into L2
+// only (no registers). H200, 64 sequences x 32k rows, bf16, 128 / 16 heads: no row ahead 54.6 /
+// 7.8 ms; two rows ahead (161 registers a thread, one block per multiprocessor) 65.9 / 8.8 ms; one
+// row ahead held to 128 registers (two blocks) 43.1 / 5.8 ms.
+constexpr int kMlaLookahead = 1;
+constexpr int kMlaPrefetch = 8;
+
+__device__ inline void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// Walks a sequence's rows through its block table without a division per row.
+struct RowCursor {
+  const int32_t* blocks;
+  int64_t block_size, block_index, offset;
+  __device__ RowCursor(const int32_t* b, int64_t B, int64_t j) : blocks(b), block_size(B), block_index(j / B), offset(j % B) {}
+  __device__ int64_t next_slot() {
+    const int64_t slot = static_cast<int64_t>(blocks[block_index]) * block_size + offset;
+    if (++offset == block_size) offset = 0, ++block_index;
+    return slot;
+  }
+};
+
+// part_out [T, splits, H, C] unnormalized; part_ml [T, splits, H, 2] (running max, sum of exp).
+template <int kKv>
+__global__ void __launch_bounds__(kMlaHeadsPerBlock * 16, 2) mla_decode_split_kernel(MlaAttentionArgs a, int64_t splits,
+                                                                                 float* part_out, float* part_ml) {
+  constexpr int64_t D = 64 * kMlaChunksD, C = 64 * kMlaChunksC;
+  const int64_t t = blockIdx.x, split = blockIdx.z, H = a.num_heads, B = a.cache.block_size;
+  const int s = threadIdx.x & 15;
+  const int64_t h = blockIdx.y * kMlaHeadsPerBlock + (threadIdx.x >> 4);
+  // At least 64 rows a split: a short sequence leaves its last splits empty (max -inf, skipped).
+  const int64_t L = a.kv_len[t], per = max(int64_t{64}, (L + splits - 1) / splits);
+  const int64_t j0 = min(L, split * per), j1 = min(L, j0 + per);
+  const int64_t part = (t * splits + split) * H + h;
+  if (j0 == j1) {  // the merge reads no output of an empty split
+    if (h < H && s == 0) part_ml[2 * part] = -INFINITY, part_ml[2 * part + 1] = 0.0f;
+    return;
+  }
+  const int64_t hq = min(h, H - 1);  // a half-warp past the last head computes head H-1 again, unwritten
+  float q[kMlaChunksD][4];
+#pragma unroll
+  for (int i = 0; i < kMlaChunksD; ++i) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(a.q + (t * H + hq) * D + 64 * i + 4 * s));
+    q[i][0] = v.x, q[i][1] = v.y, q[i][2] = v.z, q[i][3] = v.w;
+  }
+  const int32_t* blocks = a.block_tables + static_cast<int64_t>(a.token_seq[t]) * a.max_blocks_per_seq;
+  float m = -INFINITY, l = 0.0f, acc[kMlaChunksC][4];
+#pragma unroll
+  for (int i = 0; i < kMlaChunksC; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  RowCursor ahead(blocks, B, j0), far(blocks, B, j0 + kMlaLookahead);
+  constexpr int64_t kRowBytes = D * (kKv == 0 ? 4 : kKv == 1 ? 2 : 1);
+  const int lane = threadIdx.x & 31;
+  auto prefetch_next_far = [&] {
+    const auto* row = static_cast<const uint8_t*>(a.cache.rows) + far.next_slot() * kRowBytes;
+    if (lane * 128 < kRowBytes) prefetch_l2(row + lane * 128);
+  };
+  for (int64_t j = j0 + kMlaLookahead; j < min(j1, j0 + kMlaPrefetch); ++j) prefetch_next_far();
+  LatentRaw<kKv> raw[kMlaLookahead + 1];
+#pragma unroll
+  for (int r = 0; r < kMlaLookahead; ++r)
+    if (j0 + r < j1) load_latent_raw<kKv>(a.cache, ahead.next_slot(), s, raw[r]);
+  for (int64_t j = j0; j < j1; ++j) {
+    if (j + kMlaPrefetch < j1) prefetch_next_far();
+    if (j + kMlaLookahead < j1) load_latent_raw<kKv>(a.cache, ahead.next_slot(), s, raw[kMlaLookahead]);
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMlaChunksD; ++i) {
+      float v[4];
+      latent_to_float<kKv>(raw[0], i, v);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dot = fmaf(q[i][e], v[e], dot);
+    }
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);  // within the half-warp
+    const float score = dot * a.scale;
+    if (score > m) {  // the running max moves: rescale what was summed under the old one
+      const float correction = expf(m - score);
+      l *= correction;
+#pragma unroll
+      for (int i = 0; i < kMlaChunksC; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[i][e] *= correction;
+      m = score;
+    }
+    const float p = expf(score - m);
+    l += p;
+#pragma unroll
+    for (int i = 0; i < kMlaChunksC; ++i) {
+      float v[4];
+      latent_to_float<kKv>(raw[0], i, v);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][e] = fmaf(p, v[e], acc[i][e]);
+    }
+#pragma unroll
+    for (int r = 0; r < kMlaLookahead; ++r) raw[r] = raw[r + 1];
+  }
+  if (h >= H) return;
+  if (s == 0) part_ml[2 * part] = m, part_ml[2 * part + 1] = l;
+#pragma unroll
+  for (int i = 0; i < kMlaChunksC; ++i)
+    *reinterpret_cast<float4*>(part_out + part * C + 64 * i + 4 * s) = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+}
+
+// One block of kBlock threads per (token, head): the splits' outputs rescaled to their common max,
+// over their sum (max and sum reduced over the block: a thread walking 1000 splits alone cost
+// ~0.1 ms at T = 1).
+constexpr int64_t kMlaMaxSplits = 1024;
+
+__global__ void mla_merge_kernel(const float* part_out, const float* part_ml, int64_t splits, int64_t H, int64_t C,
+                                 float* out) {
+  const int64_t t = blockIdx.x, h = blockIdx.y;
+  __shared__ float factor[kMlaMaxSplits];  // exp(m_split - M) / total, 0 for an empty split
+  const float* ml = part_ml + 2 * (t * splits * H + h);  // split sp at ml[2 * sp * H]
+  float local_max = -INFINITY;
+  for (int64_t sp = threadIdx.x; sp < splits; sp += blockDim.x) local_max = fmaxf(local_max, ml[2 * sp * H]);
+  const float M = block_max(local_max);
+  float local_sum = 0.0f;
+  for (int64_t sp = threadIdx.x; sp < splits; sp += blockDim.x) {
+    const float m = ml[2 * sp * H];
+    const float f = m > -INFINITY ? expf(m - M) : 0.0f;
+    factor[sp] = f;
+    local_sum += ml[2 * sp * H + 1] * f;
+  }
+  const float inv_total = 1.0f / block_sum(local_sum);  // block_sum's barrier also publishes factor[]
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float v = 0.0f;
+    for (int64_t sp = 0; sp < splits; ++sp)
+      if (factor[sp] != 0.0f) v = fmaf(part_out[((t * splits + sp) * H + h) * C + c], factor[sp], v);
+    out[(t * H + h) * C + c] = v * inv_total;
+  }
+}
+
 
 // ---- MoE router (one thread block per token; thread 0 selects, mirroring the reference) --------
 __global__ void moe_route_kernel(MoeRouteArgs a) {
@@ -620,6 +1006,14 @@ void matmul_cublas(const float* x, int64_t T, const WeightMatrix& w, float* y, c
                                K, x, K, &beta, y, N));
     return;
   }
+  if (gemv_applies(x, T, w)) {
+    if (w.dtype == DType::F8_E4M3)
+      launch_gemv<true>(x, T, w, y);
+    else
+      launch_gemv<false>(x, T, w, y);
+    LAUNCH_CHECK();
+    return;
+  }
   static Scratch xs, ws;
   auto* xb = static_cast<__nv_bfloat16*>(xs.get(sizeof(__nv_bfloat16) * T * K));
   to_bf16_kernel<<<blocks_for(T * K), kBlock>>>(x, T * K, xb);
@@ -627,8 +1021,11 @@ void matmul_cublas(const float* x, int64_t T, const WeightMatrix& w, float* y, c
   const void* wb = w.data;
   if (w.dtype == DType::F8_E4M3 || w.dtype == DType::F16) {
     auto* deq = static_cast<__nv_bfloat16*>(ws.get(sizeof(__nv_bfloat16) * N * K));
-    dequant_kernel<<<blocks_for(N * K), kBlock>>>(w.data, w.dtype == DType::F8_E4M3, w.scale_inv, N, K, w.block_out,
-                                                  w.block_in, deq);
+    const bool fp8 = w.dtype == DType::F8_E4M3;
+    if (K % 8 == 0 && aligned16(w.data) && (!fp8 || w.block_in % 8 == 0))
+      dequant8_kernel<<<blocks_for(N * K / 8), kBlock>>>(w.data, fp8, w.scale_inv, N, K, w.block_out, w.block_in, deq);
+    else
+      dequant_kernel<<<blocks_for(N * K), kBlock>>>(w.data, fp8, w.scale_inv, N, K, w.block_out, w.block_in, deq);
     LAUNCH_CHECK();
     wb = deq;
   }
@@ -668,6 +1065,32 @@ void store_latent(const StoreLatentArgs& a) {
 
 void mla_attention(const MlaAttentionArgs& a) {
   if (a.num_tokens == 0) return;
+  if (a.kv_lora == 64 * kMlaChunksC && a.rope_dim == 64 * (kMlaChunksD - kMlaChunksC) && aligned16(a.q) &&
+      aligned16(a.cache.rows)) {
+    // Splits per token: enough blocks for ~8 per multiprocessor. The lengths stay on the device (no
+    // synchronization per layer), so a split whose rows a short sequence lacks runs empty.
+    const int64_t T = a.num_tokens, H = a.num_heads, C = a.kv_lora;
+    const int64_t groups = (H + kMlaHeadsPerBlock - 1) / kMlaHeadsPerBlock;
+    // The block table's width bounds every sequence's length: no more splits than its 64-row pieces.
+    const int64_t want = (8 * static_cast<int64_t>(multiprocessors()) + T * groups - 1) / (T * groups);
+    const int64_t most = (a.max_blocks_per_seq * a.cache.block_size + 63) / 64;
+    const int64_t splits = std::clamp<int64_t>(std::min(want, most), 1, kMlaMaxSplits);
+    static Scratch out_scratch, ml_scratch;
+    auto* part_out = static_cast<float*>(out_scratch.get(sizeof(float) * T * splits * H * C));
+    auto* part_ml = static_cast<float*>(ml_scratch.get(sizeof(float) * T * splits * H * 2));
+    const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(groups), static_cast<unsigned>(splits));
+    const unsigned threads = static_cast<unsigned>(16 * std::min<int64_t>(H + (H & 1), kMlaHeadsPerBlock));
+    switch (kv_code(a.cache.dtype)) {
+      case 0: mla_decode_split_kernel<0><<<grid, threads>>>(a, splits, part_out, part_ml); break;
+      case 1: mla_decode_split_kernel<1><<<grid, threads>>>(a, splits, part_out, part_ml); break;
+      default: mla_decode_split_kernel<2><<<grid, threads>>>(a, splits, part_out, part_ml); break;
+    }
+    LAUNCH_CHECK();
+    mla_merge_kernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(H)), kBlock>>>(part_out, part_ml, splits, H,
+                                                                                           C, a.out);
+    LAUNCH_CHECK();
+    return;
+  }
   const size_t shared = sizeof(float) * kWarps * a.kv_lora;
   const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_heads));
   switch (kv_code(a.cache.dtype)) {
