@@ -391,13 +391,16 @@ TEST_F(CudaOps, MoeExperts) {
   }
   std::array<MatmulFn, 16> by_dtype;
   const InnerOps inner = cuda_inner(by_dtype);
-  for (int64_t T : {1, 3, 17}) {
+  // Experts of 1-8 rows run grouped by row count, larger ones a matmul each (T = 17: 8-9 rows);
+  // T = 5: each token's last choice is an expert on another rank (-1), skipped.
+  for (int64_t T : {1, 3, 5, 17}) {
     const auto x = randn(T * H, rng), base = randn(T * H, rng);
     std::vector<int32_t> ids(T * K);
     std::vector<float> w(T * K);
     for (int64_t t = 0; t < T; ++t)
       for (int64_t k = 0; k < K; ++k) {
         ids[t * K + k] = static_cast<int32_t>((t * 5 + k * 2) % 6);  // distinct per token; experts 6, 7 idle
+        if (T == 5 && k == K - 1) ids[t * K + k] = -1;
         w[t * K + k] = 0.1f + 0.3f * static_cast<float>(k);
       }
     std::vector<float> want = base;

@@ -219,10 +219,10 @@ __device__ inline void fp8x16_to_float(const uint4& raw, float* out) {
 // gave one block per multiprocessor and 41% of the bandwidth): a block then holds
 // kGemvWarps / ksplit row pairs, and the partial sums meet in shared memory.
 template <int kT, bool kFp8>
-__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const float* __restrict__ x, const uint8_t* __restrict__ w,
-                                                              const float* __restrict__ scale_inv, int64_t N, int64_t K,
-                                                              int64_t scale_cols, int64_t bo, int64_t bi, int ksplit,
-                                                              float* __restrict__ y) {
+__device__ __forceinline__ void gemv_block(const float* __restrict__ x, const uint8_t* __restrict__ w,
+                                           const float* __restrict__ scale_inv, int64_t N, int64_t K,
+                                           int64_t scale_cols, int64_t bo, int64_t bi, int ksplit,
+                                           float* __restrict__ y) {
   constexpr int kElems = kFp8 ? 16 : 8;  // weights per 16-byte load
   constexpr int kWeightBytes = kFp8 ? 1 : 2;
   __shared__ float partial[kGemvWarps][kGemvRows][kT];
@@ -299,15 +299,47 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const float* __re
   y[t * N + n0 + r] = v;
 }
 
-template <bool kFp8>
-void launch_gemv(const float* x, int64_t T, const WeightMatrix& w, float* y) {
-  const int64_t N = w.out_features, K = w.in_features;
-  // Enough warps for ~32 per multiprocessor, each part of K at least one pass of the warp.
-  const int64_t pairs = (N + kGemvRows - 1) / kGemvRows, chunks = K / (kFp8 ? 16 : 8);
+template <int kT, bool kFp8>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const float* __restrict__ x, const uint8_t* __restrict__ w,
+                                                              const float* __restrict__ scale_inv, int64_t N, int64_t K,
+                                                              int64_t scale_cols, int64_t bo, int64_t bi, int ksplit,
+                                                              float* __restrict__ y) {
+  gemv_block<kT, kFp8>(x, w, scale_inv, N, K, scale_cols, bo, bi, ksplit, y);
+}
+
+// Many GEMVs of one shape in one launch (blockIdx.y picks the problem): a MoE layer's experts that
+// got the same number of rows. One launch per expert matmul left a T = 1 layer (8 experts x gate,
+// up, down) at 49% of an H200's copy bandwidth, much of it launch gaps between 15-30 us kernels.
+struct GemvProblem {
+  const uint8_t* w;
+  const float* scale_inv;  // fp8 only
+  const float* x;          // [kT, K]
+  float* y;                // [kT, N]
+};
+
+template <int kT, bool kFp8>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_grouped_kernel(const GemvProblem* __restrict__ problems, int64_t N,
+                                                                      int64_t K, int64_t scale_cols, int64_t bo,
+                                                                      int64_t bi, int ksplit) {
+  const GemvProblem p = problems[blockIdx.y];
+  gemv_block<kT, kFp8>(p.x, p.w, p.scale_inv, N, K, scale_cols, bo, bi, ksplit, p.y);
+}
+
+// Warps that split K for `problems` GEMVs of N x K: enough for ~32 per multiprocessor, each part
+// of K at least one pass of the warp.
+int gemv_ksplit(int64_t N, int64_t K, bool fp8, int64_t problems) {
+  const int64_t pairs = problems * ((N + kGemvRows - 1) / kGemvRows), chunks = K / (fp8 ? 16 : 8);
   int ksplit = 1;
   while (ksplit < kGemvWarps && pairs * ksplit < 32 * static_cast<int64_t>(multiprocessors()) &&
          chunks / (2 * ksplit) >= 32)
     ksplit *= 2;
+  return ksplit;
+}
+
+template <bool kFp8>
+void launch_gemv(const float* x, int64_t T, const WeightMatrix& w, float* y) {
+  const int64_t N = w.out_features, K = w.in_features;
+  const int ksplit = gemv_ksplit(N, K, kFp8, 1);
   const int64_t rows_per_block = kGemvRows * (kGemvWarps / ksplit);
   const unsigned blocks = static_cast<unsigned>((N + rows_per_block - 1) / rows_per_block);
   const auto* data = static_cast<const uint8_t*>(w.data);
@@ -321,6 +353,29 @@ void launch_gemv(const float* x, int64_t T, const WeightMatrix& w, float* y) {
     MOAT_GEMV_CASE(1) MOAT_GEMV_CASE(2) MOAT_GEMV_CASE(3) MOAT_GEMV_CASE(4)
     MOAT_GEMV_CASE(5) MOAT_GEMV_CASE(6) MOAT_GEMV_CASE(7) MOAT_GEMV_CASE(8)
 #undef MOAT_GEMV_CASE
+    default: std::abort();
+  }
+}
+
+// `count` problems (device array) of T rows each against N x K matrices of w's dtype and blocks.
+void launch_gemv_grouped(const GemvProblem* problems, int64_t count, int64_t T, const WeightMatrix& w) {
+  const int64_t N = w.out_features, K = w.in_features;
+  const bool fp8 = w.dtype == DType::F8_E4M3;
+  const int ksplit = gemv_ksplit(N, K, fp8, count);
+  const int64_t rows_per_block = kGemvRows * (kGemvWarps / ksplit);
+  const dim3 grid(static_cast<unsigned>((N + rows_per_block - 1) / rows_per_block), static_cast<unsigned>(count));
+  const int64_t sc = w.scale_cols();
+  switch (T * 2 + fp8) {
+#define MOAT_GEMV_GROUPED_CASE(n)                                                                                   \
+  case 2 * n:                                                                                                     \
+    gemv_grouped_kernel<n, false><<<grid, kGemvWarps * 32>>>(problems, N, K, sc, w.block_out, w.block_in, ksplit); \
+    break;                                                                                                        \
+  case 2 * n + 1:                                                                                                 \
+    gemv_grouped_kernel<n, true><<<grid, kGemvWarps * 32>>>(problems, N, K, sc, w.block_out, w.block_in, ksplit);  \
+    break;
+    MOAT_GEMV_GROUPED_CASE(1) MOAT_GEMV_GROUPED_CASE(2) MOAT_GEMV_GROUPED_CASE(3) MOAT_GEMV_GROUPED_CASE(4)
+    MOAT_GEMV_GROUPED_CASE(5) MOAT_GEMV_GROUPED_CASE(6) MOAT_GEMV_GROUPED_CASE(7) MOAT_GEMV_GROUPED_CASE(8)
+#undef MOAT_GEMV_GROUPED_CASE
     default: std::abort();
   }
 }
@@ -1194,16 +1249,66 @@ void moe_experts(const MoeExpertsArgs& a, const InnerOps& inner) {
   MOAT_CUDA_OK(cudaMemcpy(d_row_of, row_of.data(), sizeof(int32_t) * R, cudaMemcpyHostToDevice));
   moe_gather_kernel<<<static_cast<unsigned>(R), kBlock>>>(a.x, d_row_of, K, H, in);
   LAUNCH_CHECK();
+  // Experts of at most kGemvMaxTokens rows whose three matrices the decode GEMV takes (the inner
+  // matmul is this backend's, bf16 or fp8, aligned) run grouped by row count: one launch for the
+  // gate and up of every expert with c rows, one for their down. The rest run a matmul each.
+  const int64_t valid_rows = begin[E];
+  auto groupable = [&](const MlpWeights& w) {
+    const WeightMatrix* m[3] = {&w.gate_proj, &w.up_proj, &w.down_proj};
+    for (const WeightMatrix* x : m)
+      if (inner_matmul(inner, x->dtype) != &matmul_cublas || x->dtype != w.gate_proj.dtype ||
+          !gemv_applies(in, 1, *x) || x->block_out != w.gate_proj.block_out || x->block_in != w.gate_proj.block_in)
+        return false;
+    return H % 4 == 0 && I % 4 == 0;  // every expert's x and y rows 16-byte aligned
+  };
+  std::vector<GemvProblem> gate_up[kGemvMaxTokens + 1], down[kGemvMaxTokens + 1];
+  const WeightMatrix* shape_gate_up = nullptr;
+  const WeightMatrix* shape_down = nullptr;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t row0 = begin[e], rows = begin[e + 1] - row0;
     if (rows == 0) continue;
     const MlpWeights& w = a.experts[e];
+    if (rows <= kGemvMaxTokens && groupable(w)) {
+      auto data = [](const WeightMatrix& m) { return static_cast<const uint8_t*>(m.data); };
+      gate_up[rows].push_back({data(w.gate_proj), w.gate_proj.scale_inv, in + row0 * H, gate + row0 * I});
+      gate_up[rows].push_back({data(w.up_proj), w.up_proj.scale_inv, in + row0 * H, up + row0 * I});
+      down[rows].push_back({data(w.down_proj), w.down_proj.scale_inv, gate + row0 * I, out + row0 * H});
+      shape_gate_up = &w.gate_proj;
+      shape_down = &w.down_proj;
+      continue;
+    }
     inner_matmul(inner, w.gate_proj.dtype)(in + row0 * H, rows, w.gate_proj, gate + row0 * I, inner.precision);
     inner_matmul(inner, w.up_proj.dtype)(in + row0 * H, rows, w.up_proj, up + row0 * I, inner.precision);
-    if (a.activation == GatedActivation::situ)  // Kimi K3 (k3_kernels.cu)
-      inner.situ_mul(gate + row0 * I, up + row0 * I, rows, I, a.situ_beta, a.situ_linear_beta, gate + row0 * I);
-    else
-      inner.silu_mul(gate + row0 * I, up + row0 * I, rows, I, gate + row0 * I);
+  }
+  // All problems in one copy: gate/up lists for c = 1..8, then down lists.
+  std::vector<GemvProblem> all;
+  int64_t gate_up_at[kGemvMaxTokens + 1], down_at[kGemvMaxTokens + 1];
+  for (int c = 1; c <= kGemvMaxTokens; ++c) gate_up_at[c] = static_cast<int64_t>(all.size()), all.insert(all.end(), gate_up[c].begin(), gate_up[c].end());
+  for (int c = 1; c <= kGemvMaxTokens; ++c) down_at[c] = static_cast<int64_t>(all.size()), all.insert(all.end(), down[c].begin(), down[c].end());
+  static Scratch problem_scratch;
+  auto* d_problems = static_cast<GemvProblem*>(problem_scratch.get(sizeof(GemvProblem) * std::max<size_t>(all.size(), 1)));
+  if (!all.empty()) {
+    MOAT_CUDA_OK(cudaMemcpy(d_problems, all.data(), sizeof(GemvProblem) * all.size(), cudaMemcpyHostToDevice));
+    for (int c = 1; c <= kGemvMaxTokens; ++c)
+      if (!gate_up[c].empty())
+        launch_gemv_grouped(d_problems + gate_up_at[c], static_cast<int64_t>(gate_up[c].size()), c, *shape_gate_up);
+    LAUNCH_CHECK();
+  }
+  // The activation over every grouped row at once (rows of experts on other ranks are not among them).
+  if (a.activation == GatedActivation::situ)  // Kimi K3 (k3_kernels.cu)
+    inner.situ_mul(gate, up, valid_rows, I, a.situ_beta, a.situ_linear_beta, gate);
+  else
+    inner.silu_mul(gate, up, valid_rows, I, gate);
+  if (!all.empty()) {
+    for (int c = 1; c <= kGemvMaxTokens; ++c)
+      if (!down[c].empty())
+        launch_gemv_grouped(d_problems + down_at[c], static_cast<int64_t>(down[c].size()), c, *shape_down);
+    LAUNCH_CHECK();
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t row0 = begin[e], rows = begin[e + 1] - row0;
+    if (rows == 0 || (rows <= kGemvMaxTokens && groupable(a.experts[e]))) continue;
+    const MlpWeights& w = a.experts[e];
     inner_matmul(inner, w.down_proj.dtype)(gate + row0 * I, rows, w.down_proj, out + row0 * H, inner.precision);
   }
   moe_combine_kernel<<<static_cast<unsigned>(T), kBlock>>>(out, d_row_of, a.topk_weights, K, H, a.out);
