@@ -8,6 +8,9 @@
 //                  (token, 16 heads, split of the rows) reading each cache row once for its heads,
 //                  then a merge of the splits. Other widths: one block per (token, head); warps take
 //                  rows of the paged cache with an online softmax, then merge through shared memory.
+//   moe_experts    rows grouped by expert on the host (ids read back); experts of 1-8 rows run
+//                  grouped by row count through one GEMV launch per matrix kind, larger ones a
+//                  matmul each.
 //   store_latent   one block per token (fp8: a block max for the row scale).
 //   sampling       one block per row; top-k/top-p thresholds by binary search on the float bits
 //                  (probabilities are >= 0, so their bit patterns order like their values).
