@@ -25,6 +25,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -45,6 +46,16 @@ void check(cudaError_t e, const char* what) {
     std::fprintf(stderr, "cuda_bench: %s: %s\n", what, cudaGetErrorString(e));
     std::exit(1);
   }
+}
+
+// The cuda op table for these needs; a resolution failure ends the run, naming the op.
+OpTable cuda_table(const ModelOpNeeds& needs) {
+  auto table = OpTable::resolve(Backend::cuda, needs);
+  if (!table.ok()) {
+    std::fprintf(stderr, "cuda_bench: %s\n", table.error().message.c_str());
+    std::exit(1);
+  }
+  return std::move(*table);
 }
 
 constexpr size_t kL2Rotation = size_t{256} << 20;  // > 4x the H200's 60 MB L2
@@ -221,16 +232,12 @@ void expert_rows(const Limits& lim, bool quick, std::mt19937& rng) {
   fmt::print("\n| routed experts (256 x [7168 x 2048], top 8) | weights | T | distinct experts | ms | GB/s of those experts | % of copy |\n");
   fmt::print("|---|---|---|---|---|---|---|\n");
   for (DType dtype : {DType::BF16, DType::F8_E4M3}) {
-    auto table = OpTable::resolve(Backend::cuda, ModelOpNeeds{.matmul_dtypes = {dtype},
-                                                              .heads_per_rank = 16,
-                                                              .attention_head_dim = 576,
-                                                              .num_experts = E,
-                                                              .top_k = K,
-                                                              .expert_dtype = dtype});
-    if (!table.ok()) {
-      std::fprintf(stderr, "cuda_bench: %s\n", table.error().message.c_str());
-      std::exit(1);
-    }
+    const OpTable table = cuda_table(ModelOpNeeds{.matmul_dtypes = {dtype},
+                                                  .heads_per_rank = 16,
+                                                  .attention_head_dim = 576,
+                                                  .num_experts = E,
+                                                  .top_k = K,
+                                                  .expert_dtype = dtype});
     std::vector<std::unique_ptr<MatrixSet>> owned;
     std::vector<MlpWeights> experts(E);
     for (int64_t e = 0; e < E; ++e) {
@@ -264,7 +271,7 @@ void expert_rows(const Limits& lim, bool quick, std::mt19937& rng) {
       std::vector<bool> seen(E);
       int64_t distinct = 0;
       for (int32_t e : ids) distinct += !seen[e], seen[e] = true;
-      const double ms = median_ms([&](int) { table->moe_experts(args); });
+      const double ms = median_ms([&](int) { table.moe_experts(args); });
       const double gbs = bytes / (ms * 1e-3) / 1e9;
       fmt::print("| | {} | {} | {} | {:.2f} | {:.0f} | {:.0f}% |\n", dtype_name(dtype), T, distinct, ms, gbs,
                  100 * gbs / lim.copy_gbs);
@@ -280,14 +287,8 @@ void attention_rows(const Limits& lim, bool quick, std::mt19937& rng) {
   fmt::print("|---|---|---|---|---|---|---|---|\n");
   for (DType kv : {DType::BF16, DType::F8_E4M3})
     for (int64_t heads : {int64_t{128}, int64_t{16}}) {
-      auto table = OpTable::resolve(Backend::cuda, ModelOpNeeds{.matmul_dtypes = {DType::BF16},
-                                                                .heads_per_rank = heads,
-                                                                .attention_head_dim = D,
-                                                                .kv_dtype = kv});
-      if (!table.ok()) {
-        std::fprintf(stderr, "cuda_bench: %s\n", table.error().message.c_str());
-        std::exit(1);
-      }
+      const OpTable table = cuda_table(
+          ModelOpNeeds{.matmul_dtypes = {DType::BF16}, .heads_per_rank = heads, .attention_head_dim = D, .kv_dtype = kv});
       for (int64_t ctx : {int64_t{4096}, int64_t{32768}})
         for (int64_t B : quick ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{1, 16, 64}) {
           const int64_t blocks_per_seq = ctx / block, slots = B * ctx;
@@ -312,7 +313,7 @@ void attention_rows(const Limits& lim, bool quick, std::mt19937& rng) {
                                       LatentPages{rows.p, scales ? scales->as<float>() : nullptr, kv, block},
                                       d_tables, blocks_per_seq, d_seq, d_len, 1.0f / std::sqrt(192.0f),
                                       out.as<float>()};
-          const double ms = median_ms([&](int) { table->mla_attention(args); }, 10);
+          const double ms = median_ms([&](int) { table.mla_attention(args); }, 10);
           const double bytes = static_cast<double>(slots) * (row_bytes + (kv == DType::F8_E4M3 ? 4 : 0));
           const double gbs = bytes / (ms * 1e-3) / 1e9;
           fmt::print("| | {} | {} | {} | {} | {:.3f} | {:.0f} | {:.0f}% |\n", dtype_name(kv), heads, ctx, B, ms, gbs,
@@ -342,18 +343,13 @@ int main(int argc, char** argv) {
     return 77;
   }
   std::mt19937 rng(2026);
-  auto table = OpTable::resolve(Backend::cuda, ModelOpNeeds{.matmul_dtypes = {DType::BF16, DType::F8_E4M3},
-                                                            .heads_per_rank = 16,
-                                                            .attention_head_dim = 576});
-  if (!table.ok()) {
-    std::fprintf(stderr, "cuda_bench: %s\n", table.error().message.c_str());
-    return 1;
-  }
-  const Limits lim = probe(*table);
+  const OpTable table = cuda_table(
+      ModelOpNeeds{.matmul_dtypes = {DType::BF16, DType::F8_E4M3}, .heads_per_rank = 16, .attention_head_dim = 576});
+  const Limits lim = probe(table);
   fmt::print("Device: {}. Probes in this run: device-to-device copy {:.0f} GB/s (read + write), bf16 matmul op "
              "at 8192^3 {:.0f} TFLOP/s.\n\n",
              cuda::device_name(), lim.copy_gbs, lim.bf16_tflops);
-  dense_rows(*table, lim, quick);
+  dense_rows(table, lim, quick);
   expert_rows(lim, quick, rng);
   attention_rows(lim, quick, rng);
   return 0;
