@@ -1256,28 +1256,31 @@ void moe_experts(const MoeExpertsArgs& a, const InnerOps& inner) {
   // matmul is this backend's, bf16 or fp8, aligned) run grouped by row count: one launch for the
   // gate and up of every expert with c rows, one for their down. The rest run a matmul each.
   const int64_t valid_rows = begin[E];
+  // One launch serves one dtype and one set of fp8 blocks: the first groupable expert's. Experts
+  // that differ (no published checkpoint mixes them) run a matmul each.
+  const MlpWeights* pattern = nullptr;
   auto groupable = [&](const MlpWeights& w) {
     const WeightMatrix* m[3] = {&w.gate_proj, &w.up_proj, &w.down_proj};
+    const WeightMatrix& like = pattern ? pattern->gate_proj : w.gate_proj;
     for (const WeightMatrix* x : m)
-      if (inner_matmul(inner, x->dtype) != &matmul_cublas || x->dtype != w.gate_proj.dtype ||
-          !gemv_applies(in, 1, *x) || x->block_out != w.gate_proj.block_out || x->block_in != w.gate_proj.block_in)
+      if (inner_matmul(inner, x->dtype) != &matmul_cublas || x->dtype != like.dtype || !gemv_applies(in, 1, *x) ||
+          x->block_out != like.block_out || x->block_in != like.block_in)
         return false;
     return H % 4 == 0 && I % 4 == 0;  // every expert's x and y rows 16-byte aligned
   };
   std::vector<GemvProblem> gate_up[kGemvMaxTokens + 1], down[kGemvMaxTokens + 1];
-  const WeightMatrix* shape_gate_up = nullptr;
-  const WeightMatrix* shape_down = nullptr;
+  std::vector<bool> grouped(static_cast<size_t>(E), false);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t row0 = begin[e], rows = begin[e + 1] - row0;
     if (rows == 0) continue;
     const MlpWeights& w = a.experts[e];
     if (rows <= kGemvMaxTokens && groupable(w)) {
+      if (!pattern) pattern = &w;
+      grouped[static_cast<size_t>(e)] = true;
       auto data = [](const WeightMatrix& m) { return static_cast<const uint8_t*>(m.data); };
       gate_up[rows].push_back({data(w.gate_proj), w.gate_proj.scale_inv, in + row0 * H, gate + row0 * I});
       gate_up[rows].push_back({data(w.up_proj), w.up_proj.scale_inv, in + row0 * H, up + row0 * I});
       down[rows].push_back({data(w.down_proj), w.down_proj.scale_inv, gate + row0 * I, out + row0 * H});
-      shape_gate_up = &w.gate_proj;
-      shape_down = &w.down_proj;
       continue;
     }
     inner_matmul(inner, w.gate_proj.dtype)(in + row0 * H, rows, w.gate_proj, gate + row0 * I, inner.precision);
@@ -1286,18 +1289,25 @@ void moe_experts(const MoeExpertsArgs& a, const InnerOps& inner) {
   // All problems in one copy: gate/up lists for c = 1..8, then down lists.
   std::vector<GemvProblem> all;
   int64_t gate_up_at[kGemvMaxTokens + 1], down_at[kGemvMaxTokens + 1];
-  for (int c = 1; c <= kGemvMaxTokens; ++c) gate_up_at[c] = static_cast<int64_t>(all.size()), all.insert(all.end(), gate_up[c].begin(), gate_up[c].end());
-  for (int c = 1; c <= kGemvMaxTokens; ++c) down_at[c] = static_cast<int64_t>(all.size()), all.insert(all.end(), down[c].begin(), down[c].end());
+  for (int c = 1; c <= kGemvMaxTokens; ++c) {
+    gate_up_at[c] = static_cast<int64_t>(all.size());
+    all.insert(all.end(), gate_up[c].begin(), gate_up[c].end());
+  }
+  for (int c = 1; c <= kGemvMaxTokens; ++c) {
+    down_at[c] = static_cast<int64_t>(all.size());
+    all.insert(all.end(), down[c].begin(), down[c].end());
+  }
   static Scratch problem_scratch;
   auto* d_problems = static_cast<GemvProblem*>(problem_scratch.get(sizeof(GemvProblem) * std::max<size_t>(all.size(), 1)));
   if (!all.empty()) {
     MOAT_CUDA_OK(cudaMemcpy(d_problems, all.data(), sizeof(GemvProblem) * all.size(), cudaMemcpyHostToDevice));
     for (int c = 1; c <= kGemvMaxTokens; ++c)
       if (!gate_up[c].empty())
-        launch_gemv_grouped(d_problems + gate_up_at[c], static_cast<int64_t>(gate_up[c].size()), c, *shape_gate_up);
+        launch_gemv_grouped(d_problems + gate_up_at[c], static_cast<int64_t>(gate_up[c].size()), c, pattern->gate_proj);
     LAUNCH_CHECK();
   }
-  // The activation over every grouped row at once (rows of experts on other ranks are not among them).
+  // The activation over every routed row at once, grouped or not (rows for experts on other ranks
+  // were never gathered).
   if (a.activation == GatedActivation::situ)  // Kimi K3 (k3_kernels.cu)
     inner.situ_mul(gate, up, valid_rows, I, a.situ_beta, a.situ_linear_beta, gate);
   else
@@ -1305,12 +1315,12 @@ void moe_experts(const MoeExpertsArgs& a, const InnerOps& inner) {
   if (!all.empty()) {
     for (int c = 1; c <= kGemvMaxTokens; ++c)
       if (!down[c].empty())
-        launch_gemv_grouped(d_problems + down_at[c], static_cast<int64_t>(down[c].size()), c, *shape_down);
+        launch_gemv_grouped(d_problems + down_at[c], static_cast<int64_t>(down[c].size()), c, pattern->down_proj);
     LAUNCH_CHECK();
   }
   for (int64_t e = 0; e < E; ++e) {
     const int64_t row0 = begin[e], rows = begin[e + 1] - row0;
-    if (rows == 0 || (rows <= kGemvMaxTokens && groupable(a.experts[e]))) continue;
+    if (rows == 0 || grouped[static_cast<size_t>(e)]) continue;
     const MlpWeights& w = a.experts[e];
     inner_matmul(inner, w.down_proj.dtype)(gate + row0 * I, rows, w.down_proj, out + row0 * H, inner.precision);
   }
