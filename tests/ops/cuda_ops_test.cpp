@@ -191,6 +191,35 @@ struct HostPages {
   }
 };
 
+// Sequences of the given lengths in a paged cache of block size B: block ids shuffled over `spare`
+// more blocks than the sequences use (never written), each sequence's row of the block table
+// (unused entries name the last shuffled block) and the slot of each of its rows, in order.
+struct PagedLayout {
+  int64_t max_blocks = 0, num_blocks = 0;
+  std::vector<int32_t> tables;  // [S, max_blocks]
+  std::vector<int64_t> slots;   // sequence by sequence
+};
+PagedLayout paged_layout(const std::vector<int32_t>& seq_len, int64_t B, int64_t spare, std::mt19937& rng) {
+  PagedLayout p;
+  const int64_t S = static_cast<int64_t>(seq_len.size());
+  int64_t used = 0;
+  for (int32_t L : seq_len) {
+    p.max_blocks = std::max<int64_t>(p.max_blocks, (L + B - 1) / B);
+    used += (L + B - 1) / B;
+  }
+  p.num_blocks = used + spare;
+  std::vector<int32_t> ids(p.num_blocks);
+  for (int64_t i = 0; i < p.num_blocks; ++i) ids[i] = static_cast<int32_t>(i);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  p.tables.assign(S * p.max_blocks, ids.back());
+  size_t next = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    for (int64_t b = 0; b < (seq_len[s] + B - 1) / B; ++b) p.tables[s * p.max_blocks + b] = ids[next++];
+    for (int64_t j = 0; j < seq_len[s]; ++j) p.slots.push_back(int64_t{p.tables[s * p.max_blocks + j / B]} * B + j % B);
+  }
+  return p;
+}
+
 // store_latent writes the same bytes and scales as the reference (scattered slots, one skipped,
 // a zero row, rows of very different magnitudes), then mla_attention over the paged cache
 // (shuffled block ids, several sequences, lengths ending mid-block, length 1) matches the
@@ -202,22 +231,8 @@ TEST_F(CudaOps, PagedLatentCacheStoreAndMlaAttentionIncludingPadHeads) {
     for (int64_t B : {1, 16, 64}) {
       const std::vector<int32_t> seq_len = {17, 1, 300, 100};
       const int64_t S = static_cast<int64_t>(seq_len.size());
-      int64_t max_blocks = 0, used = 0;
-      for (int32_t L : seq_len) {
-        max_blocks = std::max<int64_t>(max_blocks, (L + B - 1) / B);
-        used += (L + B - 1) / B;
-      }
-      const int64_t num_blocks = used + 3, slots_total = num_blocks * B;
-      std::vector<int32_t> ids(num_blocks);
-      for (int64_t i = 0; i < num_blocks; ++i) ids[i] = static_cast<int32_t>(i);
-      std::shuffle(ids.begin(), ids.end(), rng);
-      std::vector<int32_t> tables(S * max_blocks, ids.back());  // unused entries: a never-written block
-      size_t next = 0;
-      std::vector<int64_t> slots;
-      for (int64_t s = 0; s < S; ++s) {
-        for (int64_t b = 0; b < (seq_len[s] + B - 1) / B; ++b) tables[s * max_blocks + b] = ids[next++];
-        for (int64_t j = 0; j < seq_len[s]; ++j) slots.push_back(int64_t{tables[s * max_blocks + j / B]} * B + j % B);
-      }
+      const auto [max_blocks, num_blocks, tables, slots] = paged_layout(seq_len, B, 3, rng);
+      const int64_t slots_total = num_blocks * B;
       const int64_t rows_total = static_cast<int64_t>(slots.size());
       auto rows = randn(rows_total * D, rng);
       for (int64_t d = 0; d < D; ++d) rows[D + d] = 0.0f, rows[2 * D + d] *= 1e-4f, rows[3 * D + d] *= 1e3f;
@@ -285,21 +300,7 @@ TEST_F(CudaOps, MlaAttentionBatchedDecodeLongSequences) {
         std::uniform_int_distribution<int32_t> len(2, 1500);
         for (int32_t& L : seq_len) L = len(rng);
         seq_len[0] = 1, seq_len[1] = 1500, seq_len[2] = static_cast<int32_t>(B);
-        int64_t max_blocks = 0, used = 0;
-        for (int32_t L : seq_len) {
-          max_blocks = std::max<int64_t>(max_blocks, (L + B - 1) / B);
-          used += (L + B - 1) / B;
-        }
-        std::vector<int32_t> ids(used);
-        for (int64_t i = 0; i < used; ++i) ids[i] = static_cast<int32_t>(i);
-        std::shuffle(ids.begin(), ids.end(), rng);
-        std::vector<int32_t> tables(S * max_blocks, 0);
-        std::vector<int64_t> slots;
-        size_t next = 0;
-        for (int64_t s = 0; s < S; ++s) {
-          for (int64_t b = 0; b < (seq_len[s] + B - 1) / B; ++b) tables[s * max_blocks + b] = ids[next++];
-          for (int64_t j = 0; j < seq_len[s]; ++j) slots.push_back(int64_t{tables[s * max_blocks + j / B]} * B + j % B);
-        }
+        const auto [max_blocks, used, tables, slots] = paged_layout(seq_len, B, 0, rng);
         const auto rows = randn(static_cast<int64_t>(slots.size()) * D, rng);
         HostPages pages(dtype, used * B, D);
         const LatentPages host_cache{pages.bytes.data(), pages.scales.data(), dtype, B};
