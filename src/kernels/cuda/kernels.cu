@@ -194,28 +194,36 @@ constexpr int kGemvUnroll = 4;
 constexpr int kGemvMaxTokens = 8;
 constexpr int kGemvWarps = 8;
 
+// Two bf16 values in a 32-bit word (the lower address in the low half) as fp32: exact.
+__device__ inline float2 bf16x2_to_float2(uint32_t w) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+// Four e4m3 codes in a 32-bit word (lowest address first) as fp32. e4m3 -> half is exact (every
+// e4m3 value is an fp16 value); sm_89+ converts a pair in one instruction.
+__device__ inline void fp8x4_to_float(uint32_t w, float* out) {
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> (16 * p)), __NV_E4M3);
+    const float2 f = __half22float2(__half2(h));
+    out[2 * p] = f.x;
+    out[2 * p + 1] = f.y;
+  }
+}
+
 __device__ inline void bf16x8_to_float(const uint4& raw, float* out) {
   const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    out[2 * i] = __uint_as_float(w[i] << 16);
-    out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    const float2 f = bf16x2_to_float2(w[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
   }
 }
 
-// e4m3 -> half is exact (every e4m3 value is an fp16 value); sm_89+ does it in hardware.
 __device__ inline void fp8x16_to_float(const uint4& raw, float* out) {
   const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-#pragma unroll
-    for (int p = 0; p < 2; ++p) {
-      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[i] >> (16 * p)), __NV_E4M3);
-      const float2 f = __half22float2(__half2(h));
-      out[4 * i + 2 * p] = f.x;
-      out[4 * i + 2 * p + 1] = f.y;
-    }
-  }
+  for (int i = 0; i < 4; ++i) fp8x4_to_float(w[i], out + 4 * i);
 }
 
 // Warps split K `ksplit` ways when the rows alone would not fill the GPU (q_a + kv_a's 2112 rows
@@ -339,25 +347,42 @@ int gemv_ksplit(int64_t N, int64_t K, bool fp8, int64_t problems) {
   return ksplit;
 }
 
-template <bool kFp8>
+// Calls fn(kT, kFp8) with T (1..kGemvMaxTokens) and fp8 as compile-time constants: the GEMV
+// kernels are instantiated per token count and weight type.
+template <class Fn>
+void with_gemv_variant(int64_t T, bool fp8, Fn&& fn) {
+  auto by_type = [&](auto kt) {
+    if (fp8)
+      fn(kt, std::true_type{});
+    else
+      fn(kt, std::false_type{});
+  };
+  switch (T) {
+    case 1: by_type(std::integral_constant<int, 1>{}); break;
+    case 2: by_type(std::integral_constant<int, 2>{}); break;
+    case 3: by_type(std::integral_constant<int, 3>{}); break;
+    case 4: by_type(std::integral_constant<int, 4>{}); break;
+    case 5: by_type(std::integral_constant<int, 5>{}); break;
+    case 6: by_type(std::integral_constant<int, 6>{}); break;
+    case 7: by_type(std::integral_constant<int, 7>{}); break;
+    case 8: by_type(std::integral_constant<int, 8>{}); break;
+    default: std::abort();
+  }
+}
+
+// y[T, N] = x[T, K] . W^T for one matrix (T <= kGemvMaxTokens, bf16 or fp8).
 void launch_gemv(const float* x, int64_t T, const WeightMatrix& w, float* y) {
   const int64_t N = w.out_features, K = w.in_features;
-  const int ksplit = gemv_ksplit(N, K, kFp8, 1);
+  const bool fp8 = w.dtype == DType::F8_E4M3;
+  const int ksplit = gemv_ksplit(N, K, fp8, 1);
   const int64_t rows_per_block = kGemvRows * (kGemvWarps / ksplit);
   const unsigned blocks = static_cast<unsigned>((N + rows_per_block - 1) / rows_per_block);
   const auto* data = static_cast<const uint8_t*>(w.data);
   const int64_t sc = w.scale_cols();
-  switch (T) {
-#define MOAT_GEMV_CASE(n)                                                                                          \
-  case n:                                                                                                          \
-    gemv_kernel<n, kFp8><<<blocks, kGemvWarps * 32>>>(x, data, w.scale_inv, N, K, sc, w.block_out, w.block_in, ksplit, \
-                                                      y);                                                         \
-    break;
-    MOAT_GEMV_CASE(1) MOAT_GEMV_CASE(2) MOAT_GEMV_CASE(3) MOAT_GEMV_CASE(4)
-    MOAT_GEMV_CASE(5) MOAT_GEMV_CASE(6) MOAT_GEMV_CASE(7) MOAT_GEMV_CASE(8)
-#undef MOAT_GEMV_CASE
-    default: std::abort();
-  }
+  with_gemv_variant(T, fp8, [&](auto kt, auto kfp8) {
+    gemv_kernel<decltype(kt)::value, decltype(kfp8)::value>
+        <<<blocks, kGemvWarps * 32>>>(x, data, w.scale_inv, N, K, sc, w.block_out, w.block_in, ksplit, y);
+  });
 }
 
 // `count` problems (device array) of T rows each against N x K matrices of w's dtype and blocks.
@@ -368,19 +393,10 @@ void launch_gemv_grouped(const GemvProblem* problems, int64_t count, int64_t T, 
   const int64_t rows_per_block = kGemvRows * (kGemvWarps / ksplit);
   const dim3 grid(static_cast<unsigned>((N + rows_per_block - 1) / rows_per_block), static_cast<unsigned>(count));
   const int64_t sc = w.scale_cols();
-  switch (T * 2 + fp8) {
-#define MOAT_GEMV_GROUPED_CASE(n)                                                                                   \
-  case 2 * n:                                                                                                     \
-    gemv_grouped_kernel<n, false><<<grid, kGemvWarps * 32>>>(problems, N, K, sc, w.block_out, w.block_in, ksplit); \
-    break;                                                                                                        \
-  case 2 * n + 1:                                                                                                 \
-    gemv_grouped_kernel<n, true><<<grid, kGemvWarps * 32>>>(problems, N, K, sc, w.block_out, w.block_in, ksplit);  \
-    break;
-    MOAT_GEMV_GROUPED_CASE(1) MOAT_GEMV_GROUPED_CASE(2) MOAT_GEMV_GROUPED_CASE(3) MOAT_GEMV_GROUPED_CASE(4)
-    MOAT_GEMV_GROUPED_CASE(5) MOAT_GEMV_GROUPED_CASE(6) MOAT_GEMV_GROUPED_CASE(7) MOAT_GEMV_GROUPED_CASE(8)
-#undef MOAT_GEMV_GROUPED_CASE
-    default: std::abort();
-  }
+  with_gemv_variant(T, fp8, [&](auto kt, auto kfp8) {
+    gemv_grouped_kernel<decltype(kt)::value, decltype(kfp8)::value>
+        <<<grid, kGemvWarps * 32>>>(problems, N, K, sc, w.block_out, w.block_in, ksplit);
+  });
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -618,16 +634,12 @@ __device__ inline void latent_to_float(const LatentRaw<kKv>& raw, int i, float* 
   if constexpr (kKv == 0) {
     out[0] = raw.w[i].x, out[1] = raw.w[i].y, out[2] = raw.w[i].z, out[3] = raw.w[i].w;
   } else if constexpr (kKv == 1) {
-    out[0] = __uint_as_float(raw.w[i].x << 16), out[1] = __uint_as_float(raw.w[i].x & 0xffff0000u);
-    out[2] = __uint_as_float(raw.w[i].y << 16), out[3] = __uint_as_float(raw.w[i].y & 0xffff0000u);
+    const float2 lo = bf16x2_to_float2(raw.w[i].x), hi = bf16x2_to_float2(raw.w[i].y);
+    out[0] = lo.x, out[1] = lo.y, out[2] = hi.x, out[3] = hi.y;
   } else {
+    fp8x4_to_float(raw.w[i], out);
 #pragma unroll
-    for (int p = 0; p < 2; ++p) {
-      const float2 f = __half22float2(
-          __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(raw.w[i] >> (16 * p)), __NV_E4M3)));
-      out[2 * p] = __fmul_rn(f.x, raw.scale);
-      out[2 * p + 1] = __fmul_rn(f.y, raw.scale);
-    }
+    for (int e = 0; e < 4; ++e) out[e] = __fmul_rn(out[e], raw.scale);
   }
 }
 
@@ -1065,10 +1077,7 @@ void matmul_cublas(const float* x, int64_t T, const WeightMatrix& w, float* y, c
     return;
   }
   if (gemv_applies(x, T, w)) {
-    if (w.dtype == DType::F8_E4M3)
-      launch_gemv<true>(x, T, w, y);
-    else
-      launch_gemv<false>(x, T, w, y);
+    launch_gemv(x, T, w, y);
     LAUNCH_CHECK();
     return;
   }
