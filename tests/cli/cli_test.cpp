@@ -67,6 +67,9 @@ TEST(Cli, DisabledIsaFallsBackAndDoctorSaysWhy) {
   for (const char* kernel : {"cpu.matmul_avx512bf16", "cpu.matmul_amx_bf16"})
     EXPECT_EQ(line.find(kernel), std::string::npos) << kernel << " resolved although disabled: " << line;
   EXPECT_NE(doctor.find("cpu.matmul_avx512bf16: avx512bf16 "), std::string::npos) << doctor;
+  // what an AVX-512F server without BF16 (Skylake-SP .. Ice Lake) runs: the AVX2 register-decoding
+  // kernel, not the portable avx512 one (10x slower decode)
+  EXPECT_NE(line.find("cpu.matmul_avx2fma"), std::string::npos) << line;
   const std::string score = " score --model " + model + " --tokens 3,1,4,1,5,9,2,6 --top 3 --json";
   CliRun plain = run(score), disabled = shell(env + kMoat + score + " 2>/dev/null");
   ASSERT_EQ(plain.exit_code, 0);

@@ -103,13 +103,18 @@ void register_cpu_kernels(Registry& r) {
         k.priority);
   }
 #undef MOAT_ISA
-  // Machines with AVX2 but no AVX-512 BF16 (Zen 2 / 3, Intel client cores): weights decoded in
-  // registers for decode, a packed register-blocked GEMM for prefill. Below the generic avx512
-  // copy (unmeasured on AVX-512F-only cores, Skylake-SP / Ice Lake), above the generic avx2 one.
+  // Machines with AVX2 but no AVX-512 BF16 (Zen 2 / 3, Intel client cores, and the AVX-512F-only
+  // servers: Skylake-SP, Cascade Lake, Ice Lake): weights decoded in registers for decode, a packed
+  // register-blocked GEMM for prefill. Above the generic avx512 copy, which decodes rows to memory:
+  // with AVX-512 BF16 taken away (MOAT_DISABLE_ISA=avx512bf16, Zen 5, 1 thread, 2048 x 2048,
+  // alternating calls) that one ran bf16 at 0.11x this kernel's speed at T = 1 (3.9 against 33.9
+  // GFLOPS), 0.24x at T = 8, 0.31x at T = 64 and 512; fp8 0.09x / 0.28x / 0.31x / 0.27x. Until
+  // 2026-12-04 it sat below that copy (15 against 20), so those servers decoded at ~10% of their
+  // bandwidth (kernel_bench --decode-only: 3.5 GB/s of bf16 weights against 37).
   add(OpId::matmul, "cpu.matmul_avx2fma", reinterpret_cast<void*>(&cpu_avx2_fma::matmul),
       Constraints{.weight_dtypes = {DType::F32, DType::BF16, DType::F16, DType::F8_E4M3, DType::MXFP4, DType::INT4_G32},
                   .cpu_isa = "avx2"},
-      15,
+      25,
       reinterpret_cast<void*>(&cpu_avx2_fma::matmul_group));
   // bf16 dot products: twice the fp32 FMA rate, and activations rounded to bf16 once per call.
   add(OpId::matmul, "cpu.matmul_avx512bf16", reinterpret_cast<void*>(&cpu_avx512bf16::matmul),

@@ -211,7 +211,7 @@ inline vf vsoftplus(vf x) {
 namespace moat::ops {
 
 // Called by register_cpu_kernels (cpu_kernels.cpp): AVX-512 at priority 20 as the other avx512
-// kernels, AVX2 at 15 as cpu.matmul_avx2fma.
+// kernels, AVX2 at 15 (the same code in narrower vectors).
 void register_cpu_kda_kernels(Registry& r) {
   auto add = [&](OpId op, const char* name, void* fn, const char* isa, int priority) {
     r.add(KernelEntry{op, Backend::cpu, name, fn, Constraints{.cpu_isa = isa}, priority, {}});
