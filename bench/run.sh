@@ -351,7 +351,7 @@ kernel_section() {
   echo "cpu.matmul_avx512bf16 and cpu.matmul_amx_bf16 rows without a suffix run moat's default: activations rounded to bf16 once"
   echo "(normalized error ~4e-3; W16A16, W8A16, W4A16, as llama.cpp and GPU engines run). \`exact\` rows split them"
   echo "into bf16 hi + lo (two dot products per weight vector, fp32-accurate: \`moat --exact\`, the golden tests' mode)."
-  echo "cpu.matmul_avx2fma (AVX2-only CPUs: weights decoded to fp32 in registers for T <= 32 (fp8 16 on the exponent route, each code decoded once for two tokens, 4 through F16C; 4-bit 16), a packed 6 x 16"
+  echo "cpu.matmul_avx2fma (CPUs without AVX-512 BF16, AVX-512F servers included: weights decoded to fp32 in registers for T <= 32 (fp8 16 on the exponent route, each code decoded once for two tokens, 4 through F16C; 4-bit 16), a packed 6 x 16"
   echo "fp32 GEMM beyond)"
   echo "is fp32-accurate in both modes except in 4-bit decode, whose default quantizes x to int16 per 32 elements (an error"
   echo "below rounding x to bf16; its exact rows run the fp32 tile); its fp8 T=1 rows decode e4m3 by integer ops into fp32's"
