@@ -17,11 +17,16 @@
 
 // The vector helpers pass 32- and 64-byte vectors between inlined functions; no ABI boundary is crossed.
 #pragma GCC diagnostic ignored "-Wpsabi"
+// GCC 12's intrinsics headers start some shuffles from an _mm*_undefined value (reduce16's
+// _mm512_shuffle_f32x4): false positives.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 // Two copies of cpu_generic.inc: one per ISA, each compiled under its own target pragma.
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
 #pragma GCC optimize("fp-contract=fast")
+#include "kernels/cpu/avx512_helpers.h"  // reduce16 for the avx512 copy's MLA score pass
 namespace moat::ops {
 #define MOAT_CPU_NS cpu_avx512
 #define MOAT_CPU_LANES 16

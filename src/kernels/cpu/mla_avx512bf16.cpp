@@ -42,30 +42,13 @@ namespace {
 
 using avx512::first_lanes;
 using avx512::first_words;
+using avx512::reduce16;
 using avx512::split_bf16x32;
 using avx512::vexp;
 
 // Cache rows per online-softmax step: their scores ([256][8] fp32, 8 KiB) and probabilities stay in
 // L1, the rows themselves (256 x 1152 bytes) in L2 between the score and output passes.
 constexpr int64_t kChunkRows = 256;
-
-// The 16 horizontal sums of v[0..15] as one vector, lane i = sum of v[i]: four rounds of
-// shuffles and adds (45 instructions for 16 sums, where 16 separate reductions take ~100).
-__attribute__((always_inline)) inline __m512 reduce16(const __m512 (&v)[16]) {
-  __m512 c[8], e[4], g[2];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i)  // blocks [v_i: 2 of 4 partial blocks, v_{i+8}: 2]
-    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[i], v[i + 8], 0x44), _mm512_shuffle_f32x4(v[i], v[i + 8], 0xee));
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i)  // blocks [v_i, v_{i+8}, v_{i+4}, v_{i+12}], 4 partial lanes each
-    e[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[i], c[i + 4], 0x88), _mm512_shuffle_f32x4(c[i], c[i + 4], 0xdd));
-#pragma GCC unroll 2
-  for (int i = 0; i < 2; ++i)  // per block: 2 partial lanes of e_i's quantity, 2 of e_{i+2}'s
-    g[i] = _mm512_add_ps(_mm512_shuffle_ps(e[i], e[i + 2], 0x44), _mm512_shuffle_ps(e[i], e[i + 2], 0xee));
-  // block k: [e_0's, e_2's, e_1's, e_3's] quantity k, so lane 4k + m holds v[{0, 8, 4, 12}[k] + {0, 2, 1, 3}[m]]
-  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(g[0], g[1], 0x88), _mm512_shuffle_ps(g[0], g[1], 0xdd));
-  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15), r);
-}
 
 // The first head group's score pass reads the chunk's rows from memory (the later passes from L2);
 // each block of the paged cache is a short run of rows at a random address, which the hardware
@@ -124,15 +107,11 @@ __attribute__((noinline)) void score_rows(const uint16_t* const* rp, const uint1
       }
     }
   }
-  const __m512 v = _mm512_mul_ps(reduce16(acc), scale);  // lane 4 r + h
-  if constexpr (G == 4) {
-    _mm512_storeu_ps(sc, v);
-  } else {
-    _mm_storeu_ps(sc + h_off, _mm512_extractf32x4_ps(v, 0));
-    _mm_storeu_ps(sc + G + h_off, _mm512_extractf32x4_ps(v, 1));
-    _mm_storeu_ps(sc + 2 * G + h_off, _mm512_extractf32x4_ps(v, 2));
-    _mm_storeu_ps(sc + 3 * G + h_off, _mm512_extractf32x4_ps(v, 3));
-  }
+  const __m512 v = _mm512_mul_ps(reduce16(acc), scale);  // lane 4 r + h: row r's 4 heads per 128 bits
+  _mm_storeu_ps(sc + h_off, _mm512_extractf32x4_ps(v, 0));
+  _mm_storeu_ps(sc + G + h_off, _mm512_extractf32x4_ps(v, 1));
+  _mm_storeu_ps(sc + 2 * G + h_off, _mm512_extractf32x4_ps(v, 2));
+  _mm_storeu_ps(sc + 3 * G + h_off, _mm512_extractf32x4_ps(v, 3));
 }
 
 // lane i of the result: heads[i % G] (the [rows][G] layout's per-head values across a vector)
@@ -277,7 +256,7 @@ void span_bf16(const MlaAttentionArgs& a, int64_t t, int64_t r0, int64_t r1, int
     const int64_t n_vec = (n + RV - 1) / RV;  // score vectors; rows n.. of the last one are padding
     const int64_t n_quads = (n + 3) / 4;      // score_rows calls per 4 heads: rows n.. are padding
     auto row_at = [&](int64_t r) { return cache + (static_cast<int64_t>(blocks[r / B]) * B + r % B) * D; };
-    for (int64_t j = 0; j < std::max(n_vec * RV, 4 * n_quads); ++j) {
+    for (int64_t j = 0; j < 4 * n_quads; ++j) {  // whole quads cover the score vectors (RV: 2 or 4)
       w.rows[j] = j < n ? row_at(c0 + j) : w.zero_row.data();
       // past the span's end a row of this chunk (already in L1 or L2) stands in, so the score loop
       // prefetches without testing for the end
