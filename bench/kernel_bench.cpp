@@ -47,6 +47,7 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "ops/kernel_types.h"
 #include "ops/registry.h"
+#include "matmul_peak.h"
 #include "roofline.h"
 
 namespace {
@@ -504,17 +505,21 @@ int main(int argc, char** argv) {
     set_num_threads(threads);
     const Bandwidth bwp = read_bandwidth({{bw_buf.data(), static_cast<int64_t>(bw_buf.size())}}, 1.0);
     const double bw = bwp.gbs;
-    // the matmul kernels' dot-product peak: vdpbf16ps, or fp32 FMAs where the CPU lacks AVX-512 BF16
-    // (cpu.matmul_avx2fma); the bf16 row is then that probe's
-    const double peak = matmul_peak_gflops();
+    // the matmul kernels' dot-product peak (matmul_peak.h): vdpbf16ps', or fp32 FMAs' where the CPU
+    // lacks AVX-512 BF16 (or MOAT_DISABLE_ISA takes it away); AMX rows have their own (dot_peak)
+    const bool amx = cpu_has_isa("amx-bf16");
+    const MatmulPeak matmul_probe =
+        kernel_peak(amx ? "cpu.matmul_avx512bf16" : best_kernel(OpId::matmul, OpShape{.weight_dtype = DType::BF16})->name);
+    const double peak = matmul_probe.gflops;
     const double fp32_peak = fp32_peak_gflops();
     const std::string tt = std::to_string(threads) + "t";
     rows.push_back({"memory read bandwidth (" + tt + ")", std::string("512 MiB, best: ") + bwp.pattern, bw, bw, 100,
                     "GB/s"});
-    if (has_avx512bf16()) rows.push_back({"bf16 peak (" + tt + ")", matmul_peak_probe(), peak, peak, 100, "GFLOPS"});
+    if (cpu_has_isa("avx512bf16")) rows.push_back({"bf16 peak (" + tt + ")", matmul_probe.probe, peak, peak, 100, "GFLOPS"});
+    else if (std::string_view(matmul_probe.probe) != fp32_peak_probe())
+      rows.push_back({"matmul FMA peak (" + tt + ")", matmul_probe.probe, peak, peak, 100, "GFLOPS"});
     rows.push_back({"fp32 FMA peak (" + tt + ")", fp32_peak_probe(), fp32_peak, fp32_peak, 100, "GFLOPS"});
     // AMX tiles where the CPU has them: the roofline of cpu.matmul_amx_bf16's calls
-    const bool amx = cpu_has_isa("amx-bf16");
     const double amx_peak = amx ? amx_bf16_peak_gflops() : 0;
     if (amx) rows.push_back({"AMX bf16 peak (" + tt + ")", "tdpbf16ps x4 tiles", amx_peak, amx_peak, 100, "GFLOPS"});
 

@@ -334,11 +334,9 @@ inline double fp32_peak_gflops() {
   return has_avx512() ? peak_gflops(fma_loop, kChains * 32.0) : peak_gflops(fma_loop_avx2, kChainsAvx2 * 16.0);
 }
 inline const char* fp32_peak_probe() { return has_avx512() ? "vfmadd231ps zmm x24 chains" : "vfmadd231ps ymm x12 chains"; }
+// 256-bit FMAs alone (cpu.matmul_avx2fma's packed GEMM), on any CPU.
+inline double fp32_ymm_peak_gflops() { return peak_gflops(fma_loop_avx2, kChainsAvx2 * 16.0); }
 inline double bf16_peak_gflops() { return peak_gflops(dpbf16_loop, kChains * 64.0); }
-// The dot-product rate the matmul kernels' batched calls run at: vdpbf16ps where the CPU has it,
-// else fp32 FMAs (cpu.matmul_avx2fma decodes bf16 / fp8 weights to fp32).
-inline double matmul_peak_gflops() { return has_avx512bf16() ? bf16_peak_gflops() : fp32_peak_gflops(); }
-inline const char* matmul_peak_probe() { return has_avx512bf16() ? "vdpbf16ps x24 chains" : fp32_peak_probe(); }
 
 // GFLOPS of AMX tdpbf16ps: four independent 16 x 16 accumulators (tiles 0-3) against two A and two
 // B tiles, 16 x 16 x 32 multiply-adds each, so four are in flight where one takes ~16 cycles of

@@ -193,7 +193,8 @@ TEST(OpsMatmul, BatchedDecodeCallsMatchReference) {
 // default: every finite code, ragged K (tails of 44, 54 and 40 columns), blocks of 128 and of 96
 // (not a multiple of 64: the exponent route hands those to F16C), 1-4 rows per tile, 1-4, 8, 9
 // and 10 tokens (the exponent route's 2-token tiles and a last odd token; F16C's packed panels)
-// and 11 and 17 (packed on both).
+// and 11 and 17 (packed on both); on AVX-512 also through the 512-bit packed kernel, which takes
+// over from 4 (F16C) and 8 (exponent) tokens.
 TEST(OpsMatmul, Avx2Fp8DecodeRoutesMatchReference) {
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c"))
     GTEST_SKIP() << "no AVX2 + FMA + F16C";
@@ -216,14 +217,17 @@ TEST(OpsMatmul, Avx2Fp8DecodeRoutesMatchReference) {
       const auto x = randn(static_cast<size_t>(T * s.K), rng);
       std::vector<float> ref(static_cast<size_t>(T * s.N));
       fn_of<MatmulFn>(reference)(x.data(), T, tw.w, ref.data(), MatmulPrecision::exact());
-      for (Fp8DecodeRoute route : {Fp8DecodeRoute::f16c, Fp8DecodeRoute::exponent}) {
-        moat::ops::cpu_avx2_fma::set_fp8_decode_route(route);
-        std::vector<float> out(ref.size(), NAN);
-        moat::ops::cpu_avx2_fma::matmul(x.data(), T, tw.w, out.data(), MatmulPrecision::exact());
-        EXPECT_LE(normalized_error(out, ref), kExact)
-            << "route " << static_cast<int>(route) << " N=" << s.N << " K=" << s.K << " block_in=" << s.block_in
-            << " T=" << T;
-      }
+      for (Fp8DecodeRoute route : {Fp8DecodeRoute::f16c, Fp8DecodeRoute::exponent})
+        for (bool wide : {false, true}) {
+          if (wide && !cpu_has_isa("avx512")) continue;
+          moat::ops::cpu_avx2_fma::set_fp8_decode_route(route);
+          std::vector<float> out(ref.size(), NAN);
+          (wide ? moat::ops::cpu_avx2_fma::matmul_wide : moat::ops::cpu_avx2_fma::matmul)(
+              x.data(), T, tw.w, out.data(), MatmulPrecision::exact());
+          EXPECT_LE(normalized_error(out, ref), kExact)
+              << "route " << static_cast<int>(route) << (wide ? " (512-bit packed)" : "") << " N=" << s.N
+              << " K=" << s.K << " block_in=" << s.block_in << " T=" << T;
+        }
     }
   }
   moat::ops::cpu_avx2_fma::set_fp8_decode_route(saved);
@@ -845,7 +849,8 @@ TEST(OpsRegistry, CpuPicksTheFastestKernelThisCpuRuns) {
     // amx-bf16,avx512bf16): the register-decoding kernel, not the portable ones that decode rows to
     // memory (the avx512 copy ran decode at ~10% of the bandwidth)
     if (r.op == OpId::matmul && !cpu_has_isa("avx512bf16") && cpu_has_isa("avx2")) {
-      EXPECT_EQ(r.resolution.kernel->name, "cpu.matmul_avx2fma") << r.use;
+      EXPECT_EQ(r.resolution.kernel->name, cpu_has_isa("avx512") ? "cpu.matmul_avx512fma" : "cpu.matmul_avx2fma")
+          << r.use;
     }
     // every op has a cpu kernel now (sampling_kernels.cpp took the last fallbacks, paged-cache
     // ops included); the reference stays only as a declared fallback

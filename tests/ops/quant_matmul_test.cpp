@@ -73,11 +73,17 @@ std::vector<const KernelEntry*> host_matmuls(DType dtype) {
 // precision splits quantized weights (fp8_split) and T is within split_max_tokens; otherwise it
 // quantizes x to int16 in decode-sized calls and rounds it to bf16 in batched ones.
 // cpu.matmul_avx2fma quantizes x to int16 in its decode-sized calls (up to 10 tokens for MXFP4,
-// 12 for INT4_G32) unless the precision splits quantized weights; longer calls are fp32-accurate.
-// Every other kernel is fp32-accurate.
-int64_t avx2_int16_tokens(DType dtype) { return dtype == DType::MXFP4 ? 10 : 12; }
+// 12 for INT4_G32; its 512-bit twin cpu.matmul_avx512fma 7 and 9) unless the precision splits
+// quantized weights; longer calls are fp32-accurate. Every other kernel is fp32-accurate.
+bool is_fp32_fma_matmul(const KernelEntry* k) {
+  return k->name == "cpu.matmul_avx2fma" || k->name == "cpu.matmul_avx512fma";
+}
+int64_t fma_int16_tokens(const KernelEntry* k, DType dtype) {
+  if (k->name == "cpu.matmul_avx512fma") return dtype == DType::MXFP4 ? 7 : 9;
+  return dtype == DType::MXFP4 ? 10 : 12;
+}
 double tolerance(const KernelEntry* k, DType dtype, int64_t T, const MatmulPrecision& p) {
-  if (k->name == "cpu.matmul_avx2fma") return !p.fp8_split && T <= avx2_int16_tokens(dtype) ? kInt16Dot : kExact;
+  if (is_fp32_fma_matmul(k)) return !p.fp8_split && T <= fma_int16_tokens(k, dtype) ? kInt16Dot : kExact;
   if (!testing::is_bf16_dot_matmul(k)) return kExact;
   if (p.fp8_split && T <= p.split_max_tokens) return kExact;
   return T <= kInt16Tokens ? kInt16Dot : kBf16Dot;
@@ -289,7 +295,7 @@ TEST(QuantMatmul, DecodeActivationsAreMoreAccurateThanBf16) {
       const double bf16_error = normalized_error(rounded, ref);
       EXPECT_GT(bf16_error, 2.5 * kInt16Dot) << "x rounded to bf16 should fail the int16 bound: " << bf16_error;
       for (const KernelEntry* k : host_matmuls(dtype)) {
-        if (!testing::is_bf16_dot_matmul(k) && k->name != "cpu.matmul_avx2fma") continue;
+        if (!testing::is_bf16_dot_matmul(k) && !is_fp32_fma_matmul(k)) continue;
         std::vector<float> out(ref.size(), NAN);
         fn_of<MatmulFn>(k)(x.data(), T, q.w, out.data(), MatmulPrecision{});
         EXPECT_LE(normalized_error(out, ref), kInt16Dot)

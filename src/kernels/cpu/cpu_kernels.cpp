@@ -121,6 +121,13 @@ void register_cpu_kernels(Registry& r) {
                   .cpu_isa = "avx2"},
       25,
       reinterpret_cast<void*>(&cpu_avx2_fma::matmul_group));
+  // AVX-512F without BF16 dot products (Skylake-SP .. Ice Lake servers), and fp32 weights anywhere
+  // AVX-512 is: the same kernel with its prefill-sized calls on 512-bit FMAs.
+  add(OpId::matmul, "cpu.matmul_avx512fma", reinterpret_cast<void*>(&cpu_avx2_fma::matmul_wide),
+      Constraints{.weight_dtypes = {DType::F32, DType::BF16, DType::F16, DType::F8_E4M3, DType::MXFP4, DType::INT4_G32},
+                  .cpu_isa = "avx512"},
+      26,
+      reinterpret_cast<void*>(&cpu_avx2_fma::matmul_group_wide));
   // bf16 dot products: twice the fp32 FMA rate, and activations rounded to bf16 once per call.
   add(OpId::matmul, "cpu.matmul_avx512bf16", reinterpret_cast<void*>(&cpu_avx512bf16::matmul),
       Constraints{.weight_dtypes = {DType::BF16, DType::F16, DType::F8_E4M3, DType::MXFP4, DType::INT4_G32},

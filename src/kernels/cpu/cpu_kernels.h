@@ -44,6 +44,11 @@ void set_fp8_decode_route(Fp8DecodeRoute route);
 void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision);
 void matmul_group(const float* x, int64_t T, const WeightMatrix* const* w, float* const* y, int64_t count,
                   const MatmulPrecision& precision);
+// The same with the packed calls on a 12 x 32 micro-kernel of 512-bit FMAs (cpu.matmul_avx512fma):
+// only on CPUs with AVX-512F (+ BW, VL).
+void matmul_wide(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision);
+void matmul_group_wide(const float* x, int64_t T, const WeightMatrix* const* w, float* const* y, int64_t count,
+                       const MatmulPrecision& precision);
 }
 
 // Absorbed MLA decode attention as spans of one token's context (flash-decoding): the driver

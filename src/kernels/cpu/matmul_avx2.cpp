@@ -34,6 +34,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "base/check.h"
@@ -57,11 +58,16 @@ namespace {
 // 88-91 at 12 and 52-55 / 102 at 16. (Before the packed panels were built in registers the
 // crossovers sat at 32 / 16 / 16 / 16.) Slower decodes (fp8 through F16C, exact 4-bit) keep the
 // unswept 4.
-int64_t direct_max_tokens(DType dtype, bool fp8_exponent, bool q4_int16) {
-  if (dtype == DType::F8_E4M3) return fp8_exponent ? 10 : 4;
-  if (dtype == DType::MXFP4) return q4_int16 ? 10 : 4;
-  if (dtype == DType::INT4_G32) return q4_int16 ? 12 : 4;
-  return 20;
+// wide: the 512-bit packed micro-kernel (twice the FMAs per instruction) takes over sooner. Swept
+// on Zen 5 (2026-12-04, 2048 x 2048 and 1408 x 2048, 1 and 2 threads, alternating calls, packed
+// time / tile time): bf16 T = 8 1.14 / 1.10, 10 - / 0.96, 12 0.90 / 0.85; f32 8 1.05, 12 0.87;
+// fp8 exponent route 6 1.09 / 1.12, 8 0.92 / 0.92; fp8 through F16C 2 1.34, 4 0.74; MXFP4 (int16
+// tiles) 6 1.14, 8 0.92; INT4 8 1.14, 10 0.96.
+int64_t direct_max_tokens(DType dtype, bool fp8_exponent, bool q4_int16, bool wide) {
+  if (dtype == DType::F8_E4M3) return wide ? (fp8_exponent ? 7 : 3) : fp8_exponent ? 10 : 4;
+  if (dtype == DType::MXFP4) return q4_int16 ? (wide ? 7 : 10) : 4;
+  if (dtype == DType::INT4_G32) return q4_int16 ? (wide ? 9 : 12) : 4;
+  return wide ? 10 : 20;
 }
 constexpr int kMR = 6;                  // packed micro-tile: tokens (broadcast from packed x)
 constexpr int kNR = 16;                 // packed micro-tile: columns (two ymm of a packed panel)
@@ -695,14 +701,15 @@ void run_direct(const DirectArgs& a, int64_t T, int64_t begin, int64_t end) {
 
 // ---- longer calls: packed GEMM -----------------------------------------------------------------
 
-// x as the micro-kernel reads it: [ceil(T / 6)][K][6] fp32, the last block's missing tokens zero.
-// Token blocks [tb0, tb1) of it.
+// x as the micro-kernel reads it: [ceil(T / MR)][K][MR] fp32 (MR: kMR, or kMRWide for the 512-bit
+// kernel), the last block's missing tokens zero. Token blocks [tb0, tb1) of it.
+template <int MR>
 void pack_x(const float* x, int64_t T, int64_t K, float* out, int64_t tb0, int64_t tb1) {
   for (int64_t tb = tb0; tb < tb1; ++tb) {
-    float* dst = out + tb * K * kMR;
-    const int64_t t0 = tb * kMR, nt = std::min<int64_t>(kMR, T - t0);
+    float* dst = out + tb * K * MR;
+    const int64_t t0 = tb * MR, nt = std::min<int64_t>(MR, T - t0);
     for (int64_t k = 0; k < K; ++k)
-      for (int64_t i = 0; i < kMR; ++i) dst[k * kMR + i] = i < nt ? x[(t0 + i) * K + k] : 0.0f;
+      for (int64_t i = 0; i < MR; ++i) dst[k * MR + i] = i < nt ? x[(t0 + i) * K + k] : 0.0f;
   }
 }
 
@@ -893,8 +900,89 @@ struct PackedArgs {
   float* y;
 };
 
+// ---- the packed GEMM on 512-bit FMAs (AVX-512F CPUs without BF16 dot products) ----------------
+// Skylake-SP to Ice Lake servers (and Zen 4 / 5 asked for fp32 weights) run two 512-bit FMA pipes
+// (one on some Xeon Silver / Bronze parts): twice the multiply-adds per instruction of the 6 x 16
+// ymm kernel, over the same packed panels. Only the micro-kernel and x's token blocks change; the
+// decode-sized calls keep the ymm tiles, which are bound by the memory.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
+
+constexpr int kMRWide = 12;  // tokens per micro-tile: 12 x 2 zmm accumulators of 32 columns
+
+// c[t][0..cols) (+)= a[kc][12] (tokens t < MR) . the NP panels at b (each [kc][16], kKC x 16
+// apart); c rows ldc apart, cols <= 16 NP. Per k: NP panel loads and MR broadcasts (folded into
+// the FMAs as {1to16} operands) for MR x NP FMAs.
+template <int MR, int NP>
+void micro_kernel_wide(const float* a, const float* b, int64_t kc, float* c, int64_t ldc, bool accumulate,
+                       int64_t cols) {
+  __m512 acc[MR][NP];
+#pragma GCC unroll 12
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+    for (int j = 0; j < NP; ++j) acc[i][j] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+  for (int64_t k = 0; k < kc; ++k) {
+    __m512 bk[NP];
+#pragma GCC unroll 2
+    for (int j = 0; j < NP; ++j) bk[j] = _mm512_loadu_ps(b + j * kKC * kNR + k * kNR);
+#pragma GCC unroll 12
+    for (int i = 0; i < MR; ++i) {
+      const __m512 ai = _mm512_set1_ps(a[k * kMRWide + i]);
+#pragma GCC unroll 2
+      for (int j = 0; j < NP; ++j) acc[i][j] = _mm512_fmadd_ps(ai, bk[j], acc[i][j]);
+    }
+  }
+  __mmask16 mask[NP];
+#pragma GCC unroll 2
+  for (int j = 0; j < NP; ++j) {
+    const int64_t left = cols - j * kNR;
+    mask[j] = left >= kNR ? __mmask16{0xFFFF} : left <= 0 ? __mmask16{0} : static_cast<__mmask16>((1u << left) - 1);
+  }
+#pragma GCC unroll 12
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 2
+    for (int j = 0; j < NP; ++j) {
+      float* cij = c + i * ldc + j * kNR;
+      __m512 v = acc[i][j];
+      if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask[j], cij));
+      _mm512_mask_storeu_ps(cij, mask[j], v);
+    }
+  }
+}
+
+using MicroKernelWide = void (*)(const float*, const float*, int64_t, float*, int64_t, bool, int64_t);
+template <int NP, int... MR>
+constexpr std::array<MicroKernelWide, sizeof...(MR)> micro_wide_table(std::integer_sequence<int, MR...>) {
+  return {&micro_kernel_wide<MR + 1, NP>...};
+}
+// [panels - 1][tokens - 1]
+constexpr std::array<std::array<MicroKernelWide, kMRWide>, 2> kMicroWide = {
+    micro_wide_table<1>(std::make_integer_sequence<int, kMRWide>{}),
+    micro_wide_table<2>(std::make_integer_sequence<int, kMRWide>{})};
+
+// Every 12-token block of x against the np packed panels of columns [cb, cb + 16 np) for k in
+// [k0, k0 + kc), two panels per micro-tile.
+void sweep_panels_wide(const PackedArgs& a, const float* panels, int64_t np, int64_t cb, int64_t ce, int64_t k0,
+                       int64_t kc) {
+  const int64_t K = a.w->in_features, N = a.w->out_features;
+  for (int64_t t0 = 0; t0 < a.T; t0 += kMRWide) {
+    const int64_t mr = std::min<int64_t>(kMRWide, a.T - t0);
+    const float* xa = a.xp + (t0 / kMRWide) * K * kMRWide + k0 * kMRWide;
+    for (int64_t p = 0; p < np; p += 2) {
+      const int64_t pairs = std::min<int64_t>(2, np - p);
+      kMicroWide[pairs - 1][mr - 1](xa, panels + p * kKC * kNR, kc, a.y + t0 * N + cb + p * kNR, N, k0 > 0,
+                                    std::min<int64_t>(pairs * kNR, ce - cb - p * kNR));
+    }
+  }
+}
+
+#pragma GCC pop_options
+
 // Columns [c_begin, c_end) of one task (a chunk of 16-column panels): per kKC block of k, the
-// chunk's panels are packed once, then every 6-token block of x sweeps them.
+// chunk's panels are packed once, then every token block of x sweeps them (kWide: 12-token blocks
+// on the 512-bit micro-kernel, else 6-token blocks on the ymm one).
+template <bool kWide>
 void run_packed(const PackedArgs& a, int64_t c_begin, int64_t c_end) {
   const WeightMatrix& w = *a.w;
   const int64_t K = w.in_features, N = w.out_features;
@@ -908,6 +996,10 @@ void run_packed(const PackedArgs& a, int64_t c_begin, int64_t c_end) {
       const int64_t kc = std::min(kKC, K - k0);
       for (int64_t p = 0; p < np; ++p)
         pack(w, cb + p * kNR, std::min<int64_t>(kNR, ce - cb - p * kNR), k0, kc, panels.data() + p * kKC * kNR);
+      if constexpr (kWide) {
+        sweep_panels_wide(a, panels.data(), np, cb, ce, k0, kc);
+        continue;
+      }
       for (int64_t t0 = 0; t0 < a.T; t0 += kMR) {
         const int64_t mr = std::min<int64_t>(kMR, a.T - t0);
         const float* xa = a.xp + (t0 / kMR) * K * kMR + k0 * kMR;
@@ -935,8 +1027,9 @@ bool handled(const WeightMatrix& w) {
   }
 }
 
+// wide: the packed calls on the 512-bit micro-kernel (cpu.matmul_avx512fma; only where AVX-512F is).
 void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float* const* ys, int64_t count,
-                 const MatmulPrecision& precision) {
+                 const MatmulPrecision& precision, bool wide) {
   if (T <= 0 || count == 0) return;
   const WeightMatrix& w0 = *ws[0];
   const int64_t K = w0.in_features;
@@ -951,7 +1044,7 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
   for (int64_t i = 0; i < count && fp8_exponent; ++i) fp8_exponent = ws[i]->block_in % 64 == 0;
   // 4-bit weights in the default precision: x in int16 (exact mode keeps tile_q4 and fp32)
   const bool q4_int16 = w0.is_4bit() && !precision.fp8_split;
-  if (T <= direct_max_tokens(w0.dtype, fp8_exponent, q4_int16)) {
+  if (T <= direct_max_tokens(w0.dtype, fp8_exponent, q4_int16, wide)) {
     const int64_t Kp = (K + 63) / 64 * 64;
     thread_local std::vector<float> xd;
     xd.resize(static_cast<size_t>(T * Kp));
@@ -983,15 +1076,17 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
     }, grain_for_bytes(4.0 * static_cast<double>(w0.bytes()) / static_cast<double>(w0.out_features) * static_cast<double>(T)));
     return;
   }
+  const int64_t mr = wide ? kMRWide : kMR;
+  const auto pack_x_blocks = wide ? &pack_x<kMRWide> : &pack_x<kMR>;
   thread_local std::vector<float> xp;
-  xp.resize(static_cast<size_t>((T + kMR - 1) / kMR * kMR * K));
+  xp.resize(static_cast<size_t>((T + mr - 1) / mr * mr * K));
   // split over the pool where it is worth a dispatch (a 512-token call packs 4 MiB: ~1 ms alone)
-  const int64_t token_blocks = (T + kMR - 1) / kMR;
+  const int64_t token_blocks = (T + mr - 1) / mr;
   float* const xpp = xp.data();  // the caller's buffer (the workers' own thread_local xp is another)
   if (T * K >= (int64_t{1} << 16))
-    thread_pool().parallel_for(token_blocks, [&](int64_t b0, int64_t b1) { pack_x(x, T, K, xpp, b0, b1); });
+    thread_pool().parallel_for(token_blocks, [&](int64_t b0, int64_t b1) { pack_x_blocks(x, T, K, xpp, b0, b1); });
   else
-    pack_x(x, T, K, xpp, 0, token_blocks);
+    pack_x_blocks(x, T, K, xpp, 0, token_blocks);
   constexpr int64_t chunk_cols = kPanelsPerChunk * kNR;
   std::array<int64_t, kMaxMatmulGroup + 1> first{};  // first[i]: matrix i's first column chunk
   for (int64_t i = 0; i < count; ++i) first[i + 1] = first[i] + (ws[i]->out_features + chunk_cols - 1) / chunk_cols;
@@ -1000,7 +1095,8 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
       const int64_t lo = std::max(c0, first[i]), hi = std::min(c1, first[i + 1]);
       if (lo >= hi) continue;
       const PackedArgs a{ws[i], xpp, T, ys[i]};
-      run_packed(a, (lo - first[i]) * chunk_cols, std::min(ws[i]->out_features, (hi - first[i]) * chunk_cols));
+      (wide ? &run_packed<true> : &run_packed<false>)(a, (lo - first[i]) * chunk_cols,
+                                                      std::min(ws[i]->out_features, (hi - first[i]) * chunk_cols));
     }
   });
 }
@@ -1025,12 +1121,23 @@ void set_fp8_decode_route(Fp8DecodeRoute route) { g_fp8_route.store(route, std::
 void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision) {
   const WeightMatrix* ws[] = {&w};
   float* ys[] = {y};
-  matmul_impl(x, T, ws, ys, 1, precision);
+  matmul_impl(x, T, ws, ys, 1, precision, false);
 }
 
 void matmul_group(const float* x, int64_t T, const WeightMatrix* const* w, float* const* y, int64_t count,
                   const MatmulPrecision& precision) {
-  matmul_impl(x, T, w, y, count, precision);
+  matmul_impl(x, T, w, y, count, precision, false);
+}
+
+void matmul_wide(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision) {
+  const WeightMatrix* ws[] = {&w};
+  float* ys[] = {y};
+  matmul_impl(x, T, ws, ys, 1, precision, true);
+}
+
+void matmul_group_wide(const float* x, int64_t T, const WeightMatrix* const* w, float* const* y, int64_t count,
+                       const MatmulPrecision& precision) {
+  matmul_impl(x, T, w, y, count, precision, true);
 }
 
 }  // namespace moat::ops::cpu_avx2_fma
