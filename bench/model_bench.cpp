@@ -41,6 +41,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <random>
 #include <span>
@@ -434,8 +435,12 @@ int main(int argc, char** argv) {
                 static_cast<long long>(model.state_bytes_per_request()), avg_ctx, active.bytes / 1e6, state_rw / 1e6, kv_read / 1e6, decode_bytes / 1e6, bandwidth / 1e9,
                 fresh_bandwidth / 1e9, decode_tps, decode_roof_tps, decode_pct);
   } else if (a.markdown) {
+    // a row run with kernels taken away (bench/run.sh: as an AVX-512F server without BF16 runs) says so
+    const char* disabled = std::getenv("MOAT_DISABLE_ISA");
+    const std::string model_cell =
+        disabled && *disabled ? fmt::format("{} (MOAT_DISABLE_ISA={})", a.model, disabled) : a.model;
     std::printf("| %s | %d | %s, %s, %.0f%% | %.1f / %.1f | %.1f | %.1f | %.0f%% | %.2f | %.2f | %.0f%% | %.0f | %.0f + %.0f | %.2f |\n",
-                a.model.c_str(), a.threads, a.exact ? "exact" : "default",
+                model_cell.c_str(), a.threads, a.exact ? "exact" : "default",
                 a.weights_in_memory ? "in memory" : "mmap", huge_pct, bandwidth / 1e9, fresh_bandwidth / 1e9,
                 prefill_tps, prefill_roof_tps,
                 100 * prefill_tps / prefill_roof_tps, decode_tps, decode_roof_tps, decode_pct,

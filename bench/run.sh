@@ -150,6 +150,11 @@ model_benchmarks() {
       [[ "$model" == models/* ]] && continue
       "$BUILD_DIR/model_bench" --model "$model" --threads "$t" --weights-in-memory --markdown
       "$BUILD_DIR/model_bench" --model "$model" --threads "$t" --exact --markdown
+      # as an AVX-512F server without BF16 dot products (Skylake-SP .. Ice Lake) runs: fp32 FMAs
+      # (cpu.matmul_avx512fma), against the 512-bit FMA peak
+      if grep -qw avx512_bf16 /proc/cpuinfo; then
+        MOAT_DISABLE_ISA=amx-bf16,avx512bf16 "$BUILD_DIR/model_bench" --model "$model" --threads "$t" --markdown
+      fi
     done
   done
 }
@@ -351,8 +356,8 @@ kernel_section() {
   echo "cpu.matmul_avx512bf16 and cpu.matmul_amx_bf16 rows without a suffix run moat's default: activations rounded to bf16 once"
   echo "(normalized error ~4e-3; W16A16, W8A16, W4A16, as llama.cpp and GPU engines run). \`exact\` rows split them"
   echo "into bf16 hi + lo (two dot products per weight vector, fp32-accurate: \`moat --exact\`, the golden tests' mode)."
-  echo "cpu.matmul_avx2fma (CPUs without AVX-512 BF16, AVX-512F servers included: weights decoded to fp32 in registers for T <= 32 (fp8 16 on the exponent route, each code decoded once for two tokens, 4 through F16C; 4-bit 16), a packed 6 x 16"
-  echo "fp32 GEMM beyond)"
+  echo "cpu.matmul_avx2fma (CPUs without AVX-512 BF16: weights decoded to fp32 in registers for T <= 20 (fp8 10 on the exponent route, each code decoded once for two tokens, 4 through F16C; 4-bit 10-12), a packed 6 x 16"
+  echo "fp32 GEMM beyond; on AVX-512F CPUs without BF16 it is cpu.matmul_avx512fma, whose packed GEMM is 12 x 32 in 512-bit FMAs)"
   echo "is fp32-accurate in both modes except in 4-bit decode, whose default quantizes x to int16 per 32 elements (an error"
   echo "below rounding x to bf16; its exact rows run the fp32 tile); its fp8 T=1 rows decode e4m3 by integer ops into fp32's"
   echo "exponent field on AMD CPUs (F16C conversions elsewhere). The other kernels are fp32-accurate always."

@@ -109,8 +109,9 @@ void register_cpu_kernels(Registry& r) {
   }
 #undef MOAT_ISA
   // Machines with AVX2 but no AVX-512 BF16 (Zen 2 / 3, Intel client cores, and the AVX-512F-only
-  // servers: Skylake-SP, Cascade Lake, Ice Lake): weights decoded in registers for decode, a packed
-  // register-blocked GEMM for prefill. Above the generic avx512 copy, which decodes rows to memory:
+  // servers: Skylake-SP, Cascade Lake, Ice Lake, which run the 512-bit twin below): weights decoded
+  // in registers for decode, a packed register-blocked GEMM for prefill. Above the generic avx512
+  // copy, which decodes rows to memory:
   // with AVX-512 BF16 taken away (MOAT_DISABLE_ISA=avx512bf16, Zen 5, 1 thread, 2048 x 2048,
   // alternating calls) that one ran bf16 at 0.11x this kernel's speed at T = 1 (3.9 against 33.9
   // GFLOPS), 0.24x at T = 8, 0.31x at T = 64 and 512; fp8 0.09x / 0.28x / 0.31x / 0.27x. Until
@@ -122,7 +123,8 @@ void register_cpu_kernels(Registry& r) {
       25,
       reinterpret_cast<void*>(&cpu_avx2_fma::matmul_group));
   // AVX-512F without BF16 dot products (Skylake-SP .. Ice Lake servers), and fp32 weights anywhere
-  // AVX-512 is: the same kernel with its prefill-sized calls on 512-bit FMAs.
+  // AVX-512 is: the same kernel with its prefill-sized calls on 512-bit FMAs (Zen 5 with BF16 taken
+  // away: 0.53x the time of the ymm GEMM at T = 512, 512-token prefill 1.6-1.8x).
   add(OpId::matmul, "cpu.matmul_avx512fma", reinterpret_cast<void*>(&cpu_avx2_fma::matmul_wide),
       Constraints{.weight_dtypes = {DType::F32, DType::BF16, DType::F16, DType::F8_E4M3, DType::MXFP4, DType::INT4_G32},
                   .cpu_isa = "avx512"},
