@@ -32,7 +32,7 @@ void ModelOptions::add_to(CLI::App& sub) {
                "read weights into anonymous memory instead of mapping them (same RSS)");
   sub.add_flag("--exact", exact,
                "fp32-accurate activations in every matmul (default: bf16 in prefill and against fp8 weights, "
-               "like GPU engines; exact costs ~2x prefill time and ~1.3x fp8 decode time)");
+               "like GPU engines; exact costs ~1.7x prefill time without AMX, more with it, and ~1.3x fp8 decode time)");
   sub.add_option("--kv-dtype", kv_dtype, "latent KV cache element type: bf16 (default), fp8 (e4m3 + row scale), fp32");
   sub.add_option("--tp", tp,
                  "tensor-parallel degree: run as `mpirun -np N moat ... --tp N` (one rank per process, heads and "

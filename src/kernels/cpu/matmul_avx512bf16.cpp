@@ -93,6 +93,16 @@ constexpr int64_t kBf16DirectMaxTokens = 12;
 // Split calls (exact mode) keep their token quads (a wide split tile would not fit the registers)
 // and run on the decode tiles to 8 tokens, as before the wide tiles; longer ones block K (run_rows).
 constexpr int64_t kBf16SplitDirectMaxTokens = 8;
+// Split calls (exact mode) of more tokens than this run on fp32 FMAs instead: the 512-bit packed
+// GEMM of cpu.matmul_avx512fma (fp32-accurate as well, one FMA per weight and token where the split
+// takes two dot products of half the width). Zen 5, alternating calls, 1408 x 2048 and 2048 x 2048,
+// 1 and 2 threads, fp32 GEMM's time over the split tiles': bf16 0.91-1.08 at T = 24, 0.87-0.89 at
+// 32, 0.77-0.99 at 48-64, 0.80 at 512; fp8 (whose split tiles decode every code per token pair)
+// 1.31 at T = 2, 0.87-1.37 at 4, 0.82-0.84 at 8, 0.26 at 512; MXFP4 / INT4 1.35-1.40 at 16, 1.02-1.10
+// at 24, 0.90-0.98 at 32, 0.57 at 512. AMX has no split: exact mode ran these on the split tiles too.
+int64_t exact_fp32_min_tokens(DType dtype) {
+  return dtype == DType::F8_E4M3 ? 8 : dtype == DType::BF16 ? 25 : 32;
+}
 // Within kFp8DirectMaxTokens, fp8 calls of up to this many tokens decode the codes in registers
 // (tile_fp8: a decode per token pair); longer ones dequantize a chunk of rows to bf16 once and run
 // the bf16 dot-product tiles over it (run_rows). The tiles re-decode every weight T / 2 times, so
@@ -1327,6 +1337,11 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
   // ones) unless the precision splits them too.
   const bool fp8 = w.dtype == DType::F8_E4M3, q4 = w.is_4bit();
   const bool split = T <= precision.split_max_tokens && (!(fp8 || q4) || precision.fp8_split);
+  // (fp8 scale blocks of a multiple of 16 rows: what the packed GEMM's panels take)
+  if (split && w.dtype != DType::F16 && (!fp8 || w.block_out % 16 == 0) && T >= exact_fp32_min_tokens(w.dtype)) {
+    cpu_avx2_fma::matmul_group_wide(x, T, ws, ys, count, precision);
+    return;
+  }
   const int64_t direct_max_tokens = q4    ? kQ4DirectMaxTokens
                                     : fp8 ? kFp8DirectMaxTokens
                                           : (w.dtype == DType::BF16 ? kBf16DirectMaxTokens : kF16DirectMaxTokens);
