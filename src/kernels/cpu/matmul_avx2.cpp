@@ -900,7 +900,17 @@ struct PackedArgs {
   const float* xp;  // pack_x's layout
   int64_t T;
   float* y;
+  int64_t panels_per_chunk = kPanelsPerChunk;  // panels packed per k block (within one task's columns)
 };
+
+// x re-streams once per chunk of panels, from L3 or memory once it outgrows the L2: calls whose x
+// passes this pack 16 panels at a time on the 512-bit kernel (256 KiB, half the L2 of any AVX-512
+// core: 1-2 MiB on servers, 512 KiB on Ice Lake clients), a quarter of the passes over x. Zen 5, 1
+// thread, alternating calls, 16 panels' time over 4's: x of 3.7 MiB (2048 x 7168, T = 128) 1.06,
+// 4.2 (K = 2048, T = 512) 0.99-1.04, 7.3 0.91, 8.4 0.94, 14.7 0.83, 22 (K = 10944, T = 512) 0.76
+// (2 threads 0.76); fp8 2048 x 2048 at T = 24 1.08.
+constexpr int64_t kWideChunkMinXBytes = int64_t{6} << 20;
+constexpr int64_t kWidePanelsPerLargeChunk = 16;
 
 // ---- the packed GEMM on 512-bit FMAs (AVX-512F CPUs without BF16 dot products) ----------------
 // Skylake-SP to Ice Lake servers (and Zen 4 / 5 asked for fp32 weights) run two 512-bit FMA pipes
@@ -990,9 +1000,10 @@ void run_packed(const PackedArgs& a, int64_t c_begin, int64_t c_end) {
   const int64_t K = w.in_features, N = w.out_features;
   const PackPanel pack = pack_panel_for(w.dtype);
   thread_local std::vector<float> panels;
-  panels.resize(static_cast<size_t>(kPanelsPerChunk * kKC * kNR));
-  for (int64_t cb = c_begin; cb < c_end; cb += kPanelsPerChunk * kNR) {
-    const int64_t ce = std::min(c_end, cb + kPanelsPerChunk * kNR);
+  const int64_t ppc = a.panels_per_chunk;
+  panels.resize(static_cast<size_t>(ppc * kKC * kNR));
+  for (int64_t cb = c_begin; cb < c_end; cb += ppc * kNR) {
+    const int64_t ce = std::min(c_end, cb + ppc * kNR);
     const int64_t np = (ce - cb + kNR - 1) / kNR;
     for (int64_t k0 = 0; k0 < K; k0 += kKC) {
       const int64_t kc = std::min(kKC, K - k0);
@@ -1096,7 +1107,8 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
     for (int64_t i = 0; i < count; ++i) {
       const int64_t lo = std::max(c0, first[i]), hi = std::min(c1, first[i + 1]);
       if (lo >= hi) continue;
-      const PackedArgs a{ws[i], xpp, T, ys[i]};
+      const PackedArgs a{ws[i], xpp, T, ys[i], wide && T * K * 4 > kWideChunkMinXBytes ? kWidePanelsPerLargeChunk
+                                                                                     : kPanelsPerChunk};
       (wide ? &run_packed<true> : &run_packed<false>)(a, (lo - first[i]) * chunk_cols,
                                                       std::min(ws[i]->out_features, (hi - first[i]) * chunk_cols));
     }
