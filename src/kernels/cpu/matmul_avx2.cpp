@@ -1132,26 +1132,24 @@ std::atomic<Fp8DecodeRoute> g_fp8_route{[] {
 Fp8DecodeRoute fp8_decode_route() { return g_fp8_route.load(std::memory_order_relaxed); }
 void set_fp8_decode_route(Fp8DecodeRoute route) { g_fp8_route.store(route, std::memory_order_relaxed); }
 
-void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision) {
-  const WeightMatrix* ws[] = {&w};
-  float* ys[] = {y};
-  matmul_impl(x, T, ws, ys, 1, precision, false);
-}
-
 void matmul_group(const float* x, int64_t T, const WeightMatrix* const* w, float* const* y, int64_t count,
                   const MatmulPrecision& precision) {
   matmul_impl(x, T, w, y, count, precision, false);
 }
 
-void matmul_wide(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision) {
-  const WeightMatrix* ws[] = {&w};
-  float* ys[] = {y};
-  matmul_impl(x, T, ws, ys, 1, precision, true);
-}
-
 void matmul_group_wide(const float* x, int64_t T, const WeightMatrix* const* w, float* const* y, int64_t count,
                        const MatmulPrecision& precision) {
   matmul_impl(x, T, w, y, count, precision, true);
+}
+
+void matmul(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision) {
+  const WeightMatrix* ws = &w;
+  matmul_impl(x, T, &ws, &y, 1, precision, false);
+}
+
+void matmul_wide(const float* x, int64_t T, const WeightMatrix& w, float* y, const MatmulPrecision& precision) {
+  const WeightMatrix* ws = &w;
+  matmul_impl(x, T, &ws, &y, 1, precision, true);
 }
 
 }  // namespace moat::ops::cpu_avx2_fma
