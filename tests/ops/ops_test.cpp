@@ -197,8 +197,8 @@ TEST(OpsMatmul, BatchedDecodeCallsMatchReference) {
 // default: every finite code, ragged K (tails of 44, 54 and 40 columns), blocks of 128 and of 96
 // (not a multiple of 64: the exponent route hands those to F16C), 1-4 rows per tile, 1-4, 8, 9
 // and 10 tokens (the exponent route's 2-token tiles and a last odd token; F16C's packed panels)
-// and 11 and 17 (packed on both); on AVX-512 also through the 512-bit packed kernel, which takes
-// over from 4 (F16C) and 8 (exponent) tokens.
+// and 11 and 17 (packed on both); on AVX-512 also through cpu.matmul_avx512fma's entry, whose F16C
+// route runs 1-4 tokens on its 512-bit tile (tile_fp8_f16c_wide) and both routes pack from 5 / 8.
 TEST(OpsMatmul, Avx2Fp8DecodeRoutesMatchReference) {
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c"))
     GTEST_SKIP() << "no AVX2 + FMA + F16C";
