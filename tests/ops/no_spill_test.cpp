@@ -232,8 +232,10 @@ TEST(NoSpill, HotKernelsKeepAccumulatorsInRegisters) {
                           {"cpu_avx2_fma::(anonymous namespace)::micro_kernel<", 6, 0, false, true},
                           // and their 512-bit twins: 1-12 tokens x 16 or 32 columns (up to 24 accumulators)
                           {"cpu_avx2_fma::(anonymous namespace)::micro_kernel_wide<", 24},
-                          // fp8 through F16C on 512-bit vectors (cpu.matmul_avx512fma), 1-4 rows
+                          // fp8 through F16C and 4-bit int16 tiles on 512-bit vectors
+                          // (cpu.matmul_avx512fma), 1-4 rows
                           {"cpu_avx2_fma::(anonymous namespace)::tile_fp8_f16c_wide<", 4, 0, true},
+                          {"cpu_avx2_fma::(anonymous namespace)::tile_q4_i16_wide<", 8, 0, true},
                           // MXFP4 and INT4_G32 decode tiles, 1-4 rows: fp32 (exact) and int16 activations
                           {"cpu_avx2_fma::(anonymous namespace)::tile_q4<", 8, 0, true, true},
                           {"cpu_avx2_fma::(anonymous namespace)::tile_q4_i16<", 8, 0, true, true},

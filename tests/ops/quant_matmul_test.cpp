@@ -73,13 +73,13 @@ std::vector<const KernelEntry*> host_matmuls(DType dtype) {
 // precision splits quantized weights (fp8_split) and T is within split_max_tokens; otherwise it
 // quantizes x to int16 in decode-sized calls and rounds it to bf16 in batched ones.
 // cpu.matmul_avx2fma quantizes x to int16 in its decode-sized calls (up to 10 tokens for MXFP4,
-// 12 for INT4_G32; its 512-bit twin cpu.matmul_avx512fma 7 and 9) unless the precision splits
+// 12 for INT4_G32; its 512-bit twin cpu.matmul_avx512fma 22 for both) unless the precision splits
 // quantized weights; longer calls are fp32-accurate. Every other kernel is fp32-accurate.
 bool is_fp32_fma_matmul(const KernelEntry* k) {
   return k->name == "cpu.matmul_avx2fma" || k->name == "cpu.matmul_avx512fma";
 }
 int64_t fma_int16_tokens(const KernelEntry* k, DType dtype) {
-  if (k->name == "cpu.matmul_avx512fma") return dtype == DType::MXFP4 ? 7 : 9;
+  if (k->name == "cpu.matmul_avx512fma") return 22;
   return dtype == DType::MXFP4 ? 10 : 12;
 }
 double tolerance(const KernelEntry* k, DType dtype, int64_t T, const MatmulPrecision& p) {

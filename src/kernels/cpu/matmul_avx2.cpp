@@ -71,11 +71,13 @@ namespace {
 // fp8 exponent route 6 1.09 / 1.12, 8 0.92 / 0.92; fp8 through F16C 2 1.34, 4 0.74; MXFP4 (int16
 // tiles) 6 1.14, 8 0.92; INT4 8 1.14, 10 0.96. fp8 through F16C has its own 512-bit tile there
 // (tile_fp8_f16c_wide: 37.7-39.9 GFLOPS at 1 thread, flat in T) against the packed path's 40.2 at
-// T = 4 and 59.7 at 6.
+// T = 4 and 59.7 at 6. 4-bit likewise (tile_q4_i16_wide, 3072 x 3584, 1 thread): MXFP4 83-87
+// GFLOPS flat against the packed path's 54 / 63 / 78 / 87 at T = 12 / 16 / 20 / 24, INT4 95-101
+// against 56 / 66 / 79 / 107.
 int64_t direct_max_tokens(DType dtype, bool fp8_exponent, bool q4_int16, bool wide) {
   if (dtype == DType::F8_E4M3) return wide ? (fp8_exponent ? 7 : 4) : fp8_exponent ? 10 : 4;
-  if (dtype == DType::MXFP4) return q4_int16 ? (wide ? 7 : 10) : 4;
-  if (dtype == DType::INT4_G32) return q4_int16 ? (wide ? 9 : 12) : 4;
+  if (dtype == DType::MXFP4) return q4_int16 ? (wide ? 22 : 10) : 4;
+  if (dtype == DType::INT4_G32) return q4_int16 ? (wide ? 22 : 12) : 4;
   return wide ? 10 : 20;
 }
 constexpr int kMR = 6;                  // packed micro-tile: tokens (broadcast from packed x)
@@ -249,7 +251,7 @@ struct DirectArgs {
   int64_t Kp;
   float* y;  // [T, N]
   bool fp8_exponent = false;  // fp8 weights on tile_fp8_exponent
-  bool fp8_wide = false;      // fp8 through F16C on tile_fp8_f16c_wide (cpu.matmul_avx512fma)
+  bool wide = false;  // cpu.matmul_avx512fma: fp8 through F16C and 4-bit int16 tiles in zmm registers
   // 4-bit weights on tile_q4_i16 (the default precision): x as quantize_x_q4_i16 leaves it
   const int16_t* xq = nullptr;  // [T][Kp]
   const float* xs = nullptr;    // [T][Kp / 32]
@@ -759,6 +761,88 @@ void tile_fp8_f16c_wide(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0,
   }
 }
 
+// tile_q4_i16 with zmm registers: two groups (32 bytes of every row) per step, each group's even
+// and odd int16 codes in one half of a zmm against x's (two ymm loads per step, shared by the
+// rows), each half times its own group's scales. 4-bit decode on AVX2 is compute-bound (~40% of
+// the bandwidth at one thread on Zen 5 with BF16 taken away): twice the lanes per instruction.
+template <DType D, int NR>
+void tile_q4_i16_wide(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, float* y) {
+  const WeightMatrix& w = *a.w;
+  const int64_t K = w.in_features, row_bytes = K / 2, groups = K / 32;
+  const int16_t* xq = a.xq + t0 * a.Kp;
+  const float* xs = a.xs + t0 * (a.Kp / 32);
+  const uint8_t* rows[NR];
+  __m512 acc[NR];
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) {
+    rows[r] = static_cast<const uint8_t*>(w.data) + (n0 + r * rs) * row_bytes;
+    acc[r] = _mm512_setzero_ps();
+  }
+  const __m512i low = _mm512_set1_epi16(0x0F);
+  // groups g and g + 1 of every row (only g where !both: the row's last group, its neighbour's
+  // bytes not read); scale(r): their combined scales, g's in the low half
+  auto pair = [&](int64_t g, bool both, auto scale) __attribute__((always_inline)) {
+    const __m512i xe = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * 32))),
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * 32 + 32)), 1);
+    const __m512i xo = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * 32 + 16))),
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * 32 + 48)), 1);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const uint8_t* p = rows[r] + g * 16;
+      if ((g & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
+      // each group's 16 bytes widened to int16 lanes in one half (as q4_values_i16 does per group)
+      const __m256i bytes = both ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                                 : _mm256_maskz_loadu_epi8(0x0000FFFFu, p);
+      const __m512i b = _mm512_cvtepu8_epi16(bytes);
+      __m512i even, odd;
+      if constexpr (D == DType::INT4_G32) {
+        even = _mm512_sub_epi16(_mm512_and_si512(b, low), _mm512_set1_epi16(8));
+        odd = _mm512_sub_epi16(_mm512_srli_epi16(b, 4), _mm512_set1_epi16(8));
+      } else {
+        const __m512i table = _mm512_broadcast_i32x4(q4_table<D>());
+        even = _mm512_shuffle_epi8(table, _mm512_slli_epi16(_mm512_and_si512(b, low), 8));
+        odd = _mm512_shuffle_epi8(table, _mm512_slli_epi16(b, 4));
+      }
+      const __m512i sum = _mm512_add_epi32(_mm512_madd_epi16(even, xe), _mm512_madd_epi16(odd, xo));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale(r), acc[r]);
+    }
+  };
+  const int64_t g8 = groups / 8 * 8;
+  for (int64_t g0 = 0; g0 < g8; g0 += 8) {
+    const __m256 xs8 = _mm256_loadu_ps(xs + g0);
+    __m512 sv[NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) sv[r] = _mm512_castps256_ps512(q4_scales8<D>(w, n0 + r * rs, g0, xs8));
+#pragma GCC unroll 4
+    for (int j = 0; j < 8; j += 2) {
+      const __m512i idx = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(j)), _mm256_set1_epi32(j + 1), 1);
+      pair(g0 + j, true, [&](int r) __attribute__((always_inline)) { return _mm512_permutexvar_ps(idx, sv[r]); });
+    }
+  }
+  // the last 1-7 groups (K % 256 != 0) in pairs, a scale at a time; an odd last group pairs with
+  // zero codes and a zero scale (x is [T][Kp], Kp a multiple of 64: the phantom group's x is in
+  // bounds, whatever it holds)
+  for (int64_t g = g8; g < groups; g += 2) {
+    const bool second = g + 1 < groups;
+    pair(g, second, [&](int r) __attribute__((always_inline)) {
+      const float s0 = q4_scale<D>(w, n0 + r * rs, g) * kQ4I16Unit<D> * xs[g];
+      const float s1 = second ? q4_scale<D>(w, n0 + r * rs, g + 1) * kQ4I16Unit<D> * xs[g + 1] : 0.0f;
+      return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(s0)), _mm256_set1_ps(s1), 1);
+    });
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) y[r * rs] = _mm512_reduce_add_ps(acc[r]);
+}
+
+template <DType D, int... R>
+constexpr std::array<std::array<DirectTile, 2>, 4> q4_i16_wide_tiles(std::integer_sequence<int, R...>) {
+  return {{{&tile_q4_i16_wide<D, R + 1>, nullptr}...}};
+}
+template <DType D>
+constexpr auto kDirectQ4I16Wide = q4_i16_wide_tiles<D>(std::make_integer_sequence<int, 4>{});
+
 template <int... R>
 constexpr std::array<std::array<DirectTile, 2>, 4> fp8_f16c_wide_tiles(std::integer_sequence<int, R...>) {
   return {{{&tile_fp8_f16c_wide<R + 1>, nullptr}...}};
@@ -782,9 +866,10 @@ const std::array<std::array<DirectTile, 2>, 4>& direct_tiles(DType d) {
 // q L), then the 0-3 rows left as one tile of consecutive rows.
 void run_direct(const DirectArgs& a, int64_t T, int64_t begin, int64_t end) {
   const auto& tiles = a.fp8_exponent           ? kDirectFp8Exponent
-                     : a.fp8_wide               ? kDirectFp8F16cWide
+                     : a.wide && a.w->dtype == DType::F8_E4M3 ? kDirectFp8F16cWide
                      : a.xq == nullptr          ? direct_tiles(a.w->dtype)
-                     : a.w->dtype == DType::MXFP4 ? kDirectQ4I16<DType::MXFP4>
+                     : a.w->dtype == DType::MXFP4 ? (a.wide ? kDirectQ4I16Wide<DType::MXFP4> : kDirectQ4I16<DType::MXFP4>)
+                     : a.wide                   ? kDirectQ4I16Wide<DType::INT4_G32>
                                                 : kDirectQ4I16<DType::INT4_G32>;
   const int64_t N = a.w->out_features;
   const int64_t tokens_per_tile = tiles[0][1] != nullptr ? 2 : 1;  // F16C fp8 and 4-bit tiles take one
@@ -1182,8 +1267,7 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
       for (int64_t i = 0; i < count; ++i) {
         const int64_t lo = std::max(g0, first[i]), hi = std::min(g1, first[i + 1]);
         if (lo >= hi) continue;
-        const DirectArgs a{ws[i], xdp, Kp, ys[i], fp8_exponent, wide && w0.dtype == DType::F8_E4M3 && !fp8_exponent,
-                           xqp, xsp};
+        const DirectArgs a{ws[i], xdp, Kp, ys[i], fp8_exponent, wide, xqp, xsp};
         run_direct(a, T, (lo - first[i]) * 4, std::min(ws[i]->out_features, (hi - first[i]) * 4));
       }
     }, grain_for_bytes(4.0 * static_cast<double>(w0.bytes()) / static_cast<double>(w0.out_features) * static_cast<double>(T)));
