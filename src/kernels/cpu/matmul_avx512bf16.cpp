@@ -93,7 +93,7 @@ constexpr int64_t kBf16DirectMaxTokens = 12;
 // Split calls (exact mode) keep their token quads (a wide split tile would not fit the registers)
 // and run on the decode tiles to 8 tokens, as before the wide tiles; longer ones block K (run_rows).
 constexpr int64_t kBf16SplitDirectMaxTokens = 8;
-// Split calls (exact mode) of more tokens than this run on fp32 FMAs instead: the 512-bit packed
+// Split calls (exact mode) of at least this many tokens run on fp32 FMAs instead: the 512-bit packed
 // GEMM of cpu.matmul_avx512fma (fp32-accurate as well, one FMA per weight and token where the split
 // takes two dot products of half the width). Zen 5, alternating calls, 1408 x 2048 and 2048 x 2048,
 // 1 and 2 threads, fp32 GEMM's time over the split tiles': bf16 0.91-1.08 at T = 24, 0.87-0.89 at
