@@ -1,11 +1,12 @@
 // The CPU matmul for x86 machines with AVX2 + FMA but no AVX-512 BF16 (Zen 2 / Zen 3, Haswell to
-// Alder Lake client cores; and Skylake-SP to Ice Lake servers, as cpu.matmul_avx512fma): y[T, N] = x[T, K] . W[N, K]^T for W in bf16, f16, fp8 e4m3 with
-// 128 x 128 block scales, f32, MXFP4 or INT4_G32, with fp32 FMAs on fp32 activations
-// (fp32-accurate: without a bf16 dot product rounding x would save nothing, so --exact and the
-// default compute the same), except 4-bit decode in the default precision, whose activations are
-// quantized to int16 per 32 elements (tile_q4_i16; more accurate than rounding to bf16).
+// Alder Lake client cores; and Skylake-SP to Ice Lake servers, as cpu.matmul_avx512fma):
+// y[T, N] = x[T, K] . W[N, K]^T for W in bf16, f16, fp8 e4m3 with 128 x 128 block scales, f32,
+// MXFP4 or INT4_G32, with fp32 FMAs on fp32 activations (fp32-accurate: without a bf16 dot
+// product rounding x would save nothing, so --exact and the default compute the same), except
+// 4-bit decode in the default precision, whose activations are quantized to int16 per 32 elements
+// (tile_q4_i16; more accurate than rounding to bf16).
 //
-// - Decode-sized calls (T <= direct_max_tokens: 4-20) decode the weights in registers and stream each
+// - Decode-sized calls (T <= direct_max_tokens: 4-22) decode the weights in registers and stream each
 //   byte of W from memory once: a task's rows are read in 4 lanes side by side (4 long sequential
 //   streams, each prefetched 2 KiB ahead), 1-2 tokens against each 4-row tile (F16C fp8 and
 //   4-bit: 1; fp8 adds each 128-column partial sum times its block scale into y). bf16 becomes
@@ -20,7 +21,8 @@
 //   6-token x 16-column tile in 12 ymm accumulators (6 broadcasts and 2 loads per 12 FMAs: FMA
 //   bound, not load bound, on two FMA pipes). Registered a second time for AVX-512F CPUs
 //   (cpu.matmul_avx512fma: matmul_wide), whose micro-kernel takes 12 tokens x 2 panels in 24 zmm
-//   accumulators over the same panels (x as [T / 12][K][12]).
+//   accumulators over the same panels (x as [T / 12][K][12]), and whose fp8 (F16C route) and 4-bit
+//   decode tiles run in zmm registers (tile_fp8_f16c_wide, tile_q4_i16_wide).
 // - MXFP4 / INT4_G32, one token at a time: by default each group's 16 bytes are widened to 32
 //   int16 codes against int16 activations (vpmaddwd, tile_q4_i16); exact mode turns them into
 //   int8 values with two byte shuffles, then fp32 (tile_q4). The packed path dequantizes to fp32.
