@@ -330,12 +330,12 @@ inline double peak_gflops(Loop loop, double flops_per_iter) {
   }, 0.6);
   return threads * iters * flops_per_iter / s / 1e9;
 }
-inline double fp32_peak_gflops() {
-  return has_avx512() ? peak_gflops(fma_loop, kChains * 32.0) : peak_gflops(fma_loop_avx2, kChainsAvx2 * 16.0);
-}
-inline const char* fp32_peak_probe() { return has_avx512() ? "vfmadd231ps zmm x24 chains" : "vfmadd231ps ymm x12 chains"; }
 // 256-bit FMAs alone (cpu.matmul_avx2fma's packed GEMM), on any CPU.
 inline double fp32_ymm_peak_gflops() { return peak_gflops(fma_loop_avx2, kChainsAvx2 * 16.0); }
+inline double fp32_peak_gflops() {
+  return has_avx512() ? peak_gflops(fma_loop, kChains * 32.0) : fp32_ymm_peak_gflops();
+}
+inline const char* fp32_peak_probe() { return has_avx512() ? "vfmadd231ps zmm x24 chains" : "vfmadd231ps ymm x12 chains"; }
 inline double bf16_peak_gflops() { return peak_gflops(dpbf16_loop, kChains * 64.0); }
 
 // GFLOPS of AMX tdpbf16ps: four independent 16 x 16 accumulators (tiles 0-3) against two A and two

@@ -601,22 +601,43 @@ __attribute__((always_inline)) inline __m256 q4_scales8(const WeightMatrix& w, i
   }
 }
 
+// What a 4-bit int16 tile reads: rows n0 + r rs (r < NR) of the codes, and token t0's int16 x
+// and per-group scales (quantize_x_q4_i16).
+template <int NR>
+struct Q4I16Operands {
+  const uint8_t* rows[NR];
+  const int16_t* xq;
+  const float* xs;
+};
+template <int NR>
+__attribute__((always_inline)) inline Q4I16Operands<NR> q4_i16_operands(const DirectArgs& a, int64_t n0, int64_t rs,
+                                                                         int64_t t0) {
+  Q4I16Operands<NR> o;
+  const int64_t row_bytes = a.w->in_features / 2;
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) o.rows[r] = static_cast<const uint8_t*>(a.w->data) + (n0 + r * rs) * row_bytes;
+  o.xq = a.xq + t0 * a.Kp;
+  o.xs = a.xs + t0 * (a.Kp / 32);
+  return o;
+}
+// Group g of row n's scale times x's (xs: the token's group scales), one at a time (the tiles'
+// last 1-7 groups).
+template <DType D>
+__attribute__((always_inline)) inline float q4_i16_scale(const WeightMatrix& w, int64_t n, int64_t g, const float* xs) {
+  return q4_scale<D>(w, n, g) * kQ4I16Unit<D> * xs[g];
+}
+
 // One token against NR rows: per group, each row's 16 bytes -> 2 x 16 int8 (q4_values) -> int16
 // -> vpmaddwd with x's even and odd halves -> 8 int32 sums -> fp32, times the row's group scale
 // and x's, into the row's accumulator. Groups 8 at a time, each row's 8 scales in a register.
 template <DType D, int NR>
 void tile_q4_i16(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, float* y) {
   const WeightMatrix& w = *a.w;
-  const int64_t K = w.in_features, row_bytes = K / 2, groups = K / 32;
-  const int16_t* xq = a.xq + t0 * a.Kp;
-  const float* xs = a.xs + t0 * (a.Kp / 32);
-  const uint8_t* rows[NR];
+  const int64_t groups = w.in_features / 32;
+  const auto [rows, xq, xs] = q4_i16_operands<NR>(a, n0, rs, t0);
   __m256 acc[NR];
 #pragma GCC unroll 4
-  for (int r = 0; r < NR; ++r) {
-    rows[r] = static_cast<const uint8_t*>(w.data) + (n0 + r * rs) * row_bytes;
-    acc[r] = _mm256_setzero_ps();
-  }
+  for (int r = 0; r < NR; ++r) acc[r] = _mm256_setzero_ps();
   // group g of every row, its combined scale from `scale(r)`
   auto group = [&](int64_t g, auto scale) __attribute__((always_inline)) {
     const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * 32));
@@ -645,7 +666,7 @@ void tile_q4_i16(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, float*
   }
   for (int64_t g = g8; g < groups; ++g)  // the last 1-7 groups (K % 256 != 0), a scale at a time
     group(g, [&](int r) __attribute__((always_inline)) {
-      return _mm256_set1_ps(q4_scale<D>(w, n0 + r * rs, g) * kQ4I16Unit<D> * xs[g]);
+      return _mm256_set1_ps(q4_i16_scale<D>(w, n0 + r * rs, g, xs));
     });
 #pragma GCC unroll 4
   for (int r = 0; r < NR; ++r) y[r * rs] = hsum(acc[r]);
@@ -770,16 +791,11 @@ void tile_fp8_f16c_wide(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0,
 template <DType D, int NR>
 void tile_q4_i16_wide(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, float* y) {
   const WeightMatrix& w = *a.w;
-  const int64_t K = w.in_features, row_bytes = K / 2, groups = K / 32;
-  const int16_t* xq = a.xq + t0 * a.Kp;
-  const float* xs = a.xs + t0 * (a.Kp / 32);
-  const uint8_t* rows[NR];
+  const int64_t groups = w.in_features / 32;
+  const auto [rows, xq, xs] = q4_i16_operands<NR>(a, n0, rs, t0);
   __m512 acc[NR];
 #pragma GCC unroll 4
-  for (int r = 0; r < NR; ++r) {
-    rows[r] = static_cast<const uint8_t*>(w.data) + (n0 + r * rs) * row_bytes;
-    acc[r] = _mm512_setzero_ps();
-  }
+  for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
   const __m512i low = _mm512_set1_epi16(0x0F);
   // groups g and g + 1 of every row (only g where !both: the row's last group, its neighbour's
   // bytes not read); scale(r): their combined scales, g's in the low half
@@ -829,8 +845,8 @@ void tile_q4_i16_wide(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, f
   for (int64_t g = g8; g < groups; g += 2) {
     const bool second = g + 1 < groups;
     pair(g, second, [&](int r) __attribute__((always_inline)) {
-      const float s0 = q4_scale<D>(w, n0 + r * rs, g) * kQ4I16Unit<D> * xs[g];
-      const float s1 = second ? q4_scale<D>(w, n0 + r * rs, g + 1) * kQ4I16Unit<D> * xs[g + 1] : 0.0f;
+      const float s0 = q4_i16_scale<D>(w, n0 + r * rs, g, xs);
+      const float s1 = second ? q4_i16_scale<D>(w, n0 + r * rs, g + 1, xs) : 0.0f;
       return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(s0)), _mm256_set1_ps(s1), 1);
     });
   }
