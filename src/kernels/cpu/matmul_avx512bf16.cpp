@@ -1007,6 +1007,40 @@ void pack_x(const uint16_t* xb, int64_t T, int64_t Kp, uint32_t* xq) {
   }
 }
 
+// pack_panel for a whole panel (64 rows, every column inside the matrix): unmasked loads through
+// four row pointers and three stride registers. The general loop kept 16 row pointers and their
+// masks on the stack (reloaded, cmov'd and moved to k registers per row and 32 columns): perf put
+// it at 39% of a 16-token call with the weights in L3, the tiles at ~90% of the bf16 peak.
+__attribute__((noinline)) void pack_panel_full(const uint16_t* src, int64_t ss, int64_t k0, int64_t width, int64_t Kr,
+                                               uint16_t* wp) {
+  const int64_t s1 = ss, s2 = 2 * ss, s3 = 3 * ss;
+  for (int v = 0; v < kPanelRows / 16; ++v) {
+    const uint16_t* b[4];
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) b[g] = src + (v * 16 + 4 * g) * ss;
+    for (int64_t k = k0; k < k0 + width; k += 32) {
+      const int64_t ka = k + kSubCols, ahead = ka < Kr ? ka : kPanelRows * ss + ka - Kr;
+      __m512i r[16];
+#pragma GCC unroll 4
+      for (int g = 0; g < 4; ++g) {
+        const uint16_t* p = b[g] + k;
+        const uint16_t* q = b[g] + ahead;
+        _mm_prefetch(reinterpret_cast<const char*>(q), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(q + s1), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(q + s2), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(q + s3), _MM_HINT_T0);
+        r[4 * g + 0] = _mm512_loadu_si512(p);
+        r[4 * g + 1] = _mm512_loadu_si512(p + s1);
+        r[4 * g + 2] = _mm512_loadu_si512(p + s2);
+        r[4 * g + 3] = _mm512_loadu_si512(p + s3);
+      }
+      transpose16(r);
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; ++j) _mm512_store_si512(wp + (((k - k0) / 2 + j) * kPanelRows + v * 16) * 2, r[j]);
+    }
+  }
+}
+
 // Rows [0, rows) x columns [k0, k0 + width) of src (bf16, row stride ss, K columns; columns
 // past K read as zero) -> wp[width/2][64][2]: the panel layout. Rows past `rows` are zero.
 // width % 32 == 0. Called once per kSubCols columns, right before the tiles use them, so the
@@ -1015,6 +1049,10 @@ void pack_x(const uint16_t* xb, int64_t T, int64_t Kp, uint32_t* xq) {
 // after left the memory idle for half the time at T = 8.
 void pack_panel(const uint16_t* src, int64_t ss, int64_t rows, int64_t k0, int64_t width, int64_t K, uint16_t* wp) {
   const int64_t Kr = (K + 63) / 64 * 64;  // where a row's packing ends (the next row's begins)
+  if (rows == kPanelRows && k0 + width <= K) {
+    pack_panel_full(src, ss, k0, width, Kr, wp);
+    return;
+  }
   for (int v = 0; v < kPanelRows / 16; ++v) {
     const uint16_t* rp[16];  // rows past `rows` read row 0 under a zero mask
     uint32_t live = 0;
