@@ -37,8 +37,35 @@ struct MoeScratch {
 // Experts with at most this many rows each run side by side (see moe_experts_cpu): up to here an
 // expert's matmuls stay on the decode tiles, where one thread streams the weights at full speed.
 constexpr int64_t kSideBySideMaxRows = 16;
+// Experts with more rows (prefill) run side by side too where the threads' bins come out within
+// this fraction of an even share: each matmul split across the pool cost three pool dispatches
+// and waits per expert (~190 a layer at 512 tokens on 64 experts). Bench checkpoint, 512-token
+// prefill, 2 threads (~48 rows an expert), alternating runs: routed experts 569 -> 529 and
+// 506 -> 455 ms.
+constexpr double kSideBySideImbalance = 0.1;
 // The cost of streaming an expert's weights, in rows of dot products, for balancing threads.
 constexpr int64_t kExpertFixedRows = 4;
+
+// One bin of the active experts per thread (s.order, s.bin_of, s.bin_cost), balanced by cost:
+// longest first, each to the cheapest bin. An expert costs its weights' streaming, about
+// kExpertFixedRows rows' worth of dot products on the decode tiles, plus its rows. Returns the
+// costliest bin over an even share.
+double balance_bins(MoeScratch& s, int64_t threads) {
+  auto rows_of = [&](int32_t e) { return s.expert_begin[e + 1] - s.expert_begin[e]; };
+  s.order.assign(s.active.begin(), s.active.end());
+  std::stable_sort(s.order.begin(), s.order.end(), [&](int32_t a, int32_t b) { return rows_of(a) > rows_of(b); });
+  s.bin_of.resize(s.order.size());
+  s.bin_cost.assign(static_cast<size_t>(threads), 0);
+  int64_t total = 0;
+  for (size_t i = 0; i < s.order.size(); ++i) {
+    const auto cheapest = std::min_element(s.bin_cost.begin(), s.bin_cost.end()) - s.bin_cost.begin();
+    s.bin_of[i] = static_cast<int32_t>(cheapest);
+    s.bin_cost[cheapest] += kExpertFixedRows + rows_of(s.order[i]);
+    total += kExpertFixedRows + rows_of(s.order[i]);
+  }
+  const int64_t worst = *std::max_element(s.bin_cost.begin(), s.bin_cost.end());
+  return static_cast<double>(worst * threads) / static_cast<double>(std::max<int64_t>(1, total));
+}
 
 void moe_experts_cpu(const MoeExpertsArgs& a, const InnerOps& inner) {
   const int64_t T = a.num_tokens, H = a.hidden, K = a.top_k, E = a.num_experts, I = a.intermediate;
@@ -101,7 +128,9 @@ void moe_experts_cpu(const MoeExpertsArgs& a, const InnerOps& inner) {
   };
   // Few rows per expert (decode, speculative verification, batched decode, short prompts on small
   // experts): one pool dispatch for the whole layer, experts side by side, each expert's matmuls on
-  // one thread. Many rows per expert (prefill): experts in turn, each matmul split across the pool.
+  // one thread. Many rows per expert (prefill): side by side as well where the threads' bins of
+  // experts balance (kSideBySideImbalance), otherwise experts in turn, each matmul split across
+  // the pool.
   // The rule counts rows per expert, not rows in all: under a limit of 16 rows in all, a 5-token
   // verification on k3-nano (20 rows: ~12 experts of 1-2 rows) ran its experts in turn, 33 tiny
   // pool dispatches per layer, and took 8x the one-token layer.
@@ -118,27 +147,14 @@ void moe_experts_cpu(const MoeExpertsArgs& a, const InnerOps& inner) {
   for (int32_t e : s.active)
     active_bytes += static_cast<double>(a.experts[e].gate_proj.bytes() + a.experts[e].up_proj.bytes() +
                                         a.experts[e].down_proj.bytes());
-  const bool side_by_side = threads > 1 && max_rows <= kSideBySideMaxRows &&
-                            static_cast<int64_t>(s.active.size()) >= threads &&
-                            active_bytes >= static_cast<double>(threads * min_parallel_chunk_bytes());
-  if (side_by_side && min_rows == max_rows) {  // one token's experts: equal shares of the pool
+  const bool can_share = threads > 1 && static_cast<int64_t>(s.active.size()) >= threads &&
+                         active_bytes >= static_cast<double>(threads * min_parallel_chunk_bytes());
+  const bool one_token = min_rows == max_rows && max_rows <= kSideBySideMaxRows;
+  if (can_share && one_token) {  // one token's experts: equal shares of the pool
     pool.parallel_for(static_cast<int64_t>(s.active.size()), [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) run_expert(s.active[i]);
     });
-  } else if (side_by_side) {
-    // One bin of experts per thread, balanced by cost (longest first, each to the cheapest bin).
-    // An expert costs its weights' streaming, about kExpertFixedRows rows' worth of dot products
-    // on the decode tiles, plus its rows.
-    s.order.assign(s.active.begin(), s.active.end());
-    auto rows_of = [&](int32_t e) { return s.expert_begin[e + 1] - s.expert_begin[e]; };
-    std::stable_sort(s.order.begin(), s.order.end(), [&](int32_t a, int32_t b) { return rows_of(a) > rows_of(b); });
-    s.bin_of.resize(s.order.size());
-    s.bin_cost.assign(static_cast<size_t>(threads), 0);
-    for (size_t i = 0; i < s.order.size(); ++i) {
-      const auto cheapest = std::min_element(s.bin_cost.begin(), s.bin_cost.end()) - s.bin_cost.begin();
-      s.bin_of[i] = static_cast<int32_t>(cheapest);
-      s.bin_cost[cheapest] += kExpertFixedRows + rows_of(s.order[i]);
-    }
+  } else if (can_share && (balance_bins(s, threads) <= 1.0 + kSideBySideImbalance || max_rows <= kSideBySideMaxRows)) {
     pool.parallel_for(threads, [&](int64_t b0, int64_t b1) {
       for (size_t i = 0; i < s.order.size(); ++i)
         if (s.bin_of[i] >= b0 && s.bin_of[i] < b1) run_expert(s.order[i]);
