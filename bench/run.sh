@@ -365,7 +365,7 @@ kernel_section() {
   echo "below rounding x to bf16; its exact rows run the fp32 tile); its fp8 T=1 rows decode e4m3 by integer ops into fp32's"
   echo "exponent field on AMD CPUs (F16C conversions elsewhere). The other kernels are fp32-accurate always."
   echo "fp8 block scales always multiply fp32 partial sums."
-  echo "Batched bf16 rows (T = 16-64) run the packed panels: since 2026-12-05 their packing reads whole panels through row pointers and each micro-kernel step prefetches a few lines of the next block (alternating runs, 2 threads: 0.80-0.92x the time of the burst prefetch before; matmul_avx512bf16.cpp, run_panel). These rows move with the VM's memory phase: compare rows of one run, and the probes above them."
+  echo "Batched bf16 rows (T = 16-64) run the packed panels: since 2026-12-05 their packing reads whole panels through row pointers and each micro-kernel step prefetches a few lines of the next block (alternating runs, 2 threads: 0.71-0.92x the time of the burst prefetch before; matmul_avx512bf16.cpp, run_panel). These rows move with the VM's memory phase: compare rows of one run, and the probes above them."
   echo
   echo "Prefill GEMM: moat's own kernels, oneDNN and OpenBLAS are not linked. Where the CPU has AMX (this run's"
   echo "machine when an AMX peak row is shown) calls of more than 6 tokens (bf16, 4-bit; 12 for fp8) run on AMX-BF16 tiles"

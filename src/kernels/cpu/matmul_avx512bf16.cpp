@@ -1152,7 +1152,7 @@ constexpr int64_t kSpreadPrefetchMaxTokens = 192;
 // tiles bring the next block's lines (after the last block, the next panel's first) into L1 a
 // few per step (LinePrefetch). Zen 5, bf16 from memory, alternating runs, time against
 // pack_panel's burst: 2048 x 1408 at 1 thread T = 16 0.85, 32 0.87, 64 0.92; 3072 x 2048 and
-// 2048 x 10944 0.81-0.94 at T = 16-64; 2 threads 0.80-0.92 (the lm_head 0.72-0.92).
+// 2048 x 10944 0.81-0.94 at T = 16-64; 2 threads 0.71-0.92 (the lm_head 0.72-0.92).
 void run_panel(const uint16_t* src, int64_t ss, int64_t rows, int64_t K, int64_t k0, const uint32_t* xq, int64_t T,
                int64_t Kp, float* y, int64_t N, uint16_t* wp, bool from_memory) {
   if (T > kSpreadPrefetchMaxTokens) from_memory = false;
