@@ -150,11 +150,14 @@ void moe_experts_cpu(const MoeExpertsArgs& a, const InnerOps& inner) {
   const bool can_share = threads > 1 && static_cast<int64_t>(s.active.size()) >= threads &&
                          active_bytes >= static_cast<double>(threads * min_parallel_chunk_bytes());
   const bool one_token = min_rows == max_rows && max_rows <= kSideBySideMaxRows;
+  bool binned = false;  // side by side in the bins balance_bins filled (s.order, s.bin_of)
+  if (can_share && !one_token)
+    binned = balance_bins(s, threads) <= 1.0 + kSideBySideImbalance || max_rows <= kSideBySideMaxRows;
   if (can_share && one_token) {  // one token's experts: equal shares of the pool
     pool.parallel_for(static_cast<int64_t>(s.active.size()), [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) run_expert(s.active[i]);
     });
-  } else if (can_share && (balance_bins(s, threads) <= 1.0 + kSideBySideImbalance || max_rows <= kSideBySideMaxRows)) {
+  } else if (binned) {
     pool.parallel_for(threads, [&](int64_t b0, int64_t b1) {
       for (size_t i = 0; i < s.order.size(); ++i)
         if (s.bin_of[i] >= b0 && s.bin_of[i] < b1) run_expert(s.order[i]);

@@ -1148,33 +1148,33 @@ constexpr int64_t kSpreadPrefetchMaxTokens = 192;
 // All T tokens (xq: pack_x) against rows [n0, n0 + rows) of src (bf16, row stride ss, K columns:
 // the weights, or a block of them dequantized, whose column 0 is column k0 of the matrix); y
 // points at column n0 of token 0. Columns go in blocks of kSubCols, packed (wp: 32 KiB, in L1)
-// right before every token tile sweeps them. `from_memory` (src is the weights themselves): the
-// tiles bring the next block's lines (after the last block, the next panel's first) into L1 a
-// few per step (LinePrefetch). Zen 5, bf16 from memory, alternating runs, time against
+// right before every token tile sweeps them. `from_memory` (src is the weights themselves), at
+// most kSpreadPrefetchMaxTokens tokens: the tiles bring the next block's lines (after the last
+// block, the next panel's first) into L1 a few per step (LinePrefetch). Zen 5, bf16 from memory, alternating runs, time against
 // pack_panel's burst: 2048 x 1408 at 1 thread T = 16 0.85, 32 0.87, 64 0.92; 3072 x 2048 and
 // 2048 x 10944 0.81-0.94 at T = 16-64; 2 threads 0.71-0.92 (the lm_head 0.72-0.92).
 void run_panel(const uint16_t* src, int64_t ss, int64_t rows, int64_t K, int64_t k0, const uint32_t* xq, int64_t T,
                int64_t Kp, float* y, int64_t N, uint16_t* wp, bool from_memory) {
-  if (T > kSpreadPrefetchMaxTokens) from_memory = false;
   __mmask16 m[4];
   for (int v = 0; v < 4; ++v) m[v] = static_cast<__mmask16>(tail_mask(std::clamp<int64_t>(rows - 16 * v, 0, 16)));
   const int64_t tiles = token_tiles(T);
+  const bool spread = from_memory && T <= kSpreadPrefetchMaxTokens;
   for (int64_t kc = 0; kc < K; kc += kSubCols) {
     const int64_t width = std::min<int64_t>(kSubCols, (K - kc + 31) / 32 * 32);
-    pack_panel(src, ss, rows, kc, width, K, !from_memory, wp);
+    pack_panel(src, ss, rows, kc, width, K, !spread, wp);
     LinePrefetch next;
-    if (from_memory) {  // the next block: this panel's columns [kc + kSubCols, ..) or the next panel's first
+    if (spread) {  // the next block: this panel's columns [kc + kSubCols, ..) or the next panel's first
       const bool last = kc + kSubCols >= K;
       const int64_t nk = last ? 0 : kc + kSubCols, nw = std::min<int64_t>(kSubCols, K - nk);
       next.first = reinterpret_cast<const char*>(src + (last ? kPanelRows * ss : 0) + nk);
       next.per_row = (nw * 2 + 63) / 64;
       next.stride = ss * 2;
     }
-    const int64_t lines = from_memory ? kPanelRows * next.per_row : 0, steps = width / 2;
+    const int64_t lines = spread ? kPanelRows * next.per_row : 0, steps = width / 2;
     for (int64_t tile = 0; tile < tiles; ++tile) {
       const int64_t t0 = tile_start(T, tile), nt = tile_start(T, tile + 1) - t0;
       LinePrefetch share;
-      if (from_memory) {  // lines [l0, l1) of the next block, over this tile's steps
+      if (spread) {  // lines [l0, l1) of the next block, over this tile's steps
         const int64_t l0 = lines * tile / tiles, l1 = lines * (tile + 1) / tiles;
         share = next;
         share.first += (l0 / next.per_row) * next.stride + (l0 % next.per_row) * 64;
