@@ -208,11 +208,13 @@ TEST(NoSpill, HotKernelsKeepAccumulatorsInRegisters) {
                             static_cast<const void*>(moat::bench::kReadPatternsAvx2)})
     asm volatile("" : : "r"(probe));
   // 46 bf16 tiles (4 row counts x 4 token counts x split or not; the wide ones of batched decode:
-  // 1-4 rows x 5-6 tokens, 1-3 rows x 7-8), the 14 fp8 ones, the 24 4-bit ones and the 6 packed
+  // 1-4 rows x 5-6 tokens, 1-3 rows x 7-8), the 14 + 16 fp8 ones, the 24 4-bit ones and the 6 packed
   // outer-product tiles (1..6 tokens x 64 rows: 24 accumulators, the most registers of any).
   std::vector<Hot> hot = {{"cpu_avx512bf16::(anonymous namespace)::tile_bf16<", 46},
                           {"cpu_avx512bf16::(anonymous namespace)::tile_packed<", 6},
                           {"cpu_avx512bf16::(anonymous namespace)::tile_fp8<", 14, 0, true},
+                          // fp8 batched decode on x scaled per row block: 1-4 rows x 1-4 tokens
+                          {"cpu_avx512bf16::(anonymous namespace)::tile_fp8_wide<", 16, 0, true},
                           // 4-bit decode tiles: int16 activations (1-4 rows x 1-2 tokens) and exact
                           // mode's split (1-4 rows x 1 token), two scale kinds each
                           {"cpu_avx512bf16::(anonymous namespace)::tile_q4_i16<", 16, 0, true},

@@ -156,23 +156,35 @@ TEST(OpsMatmul, EveryHostKernelMatchesReference) {
   }
 }
 
-// Batched decode's calls of 5-16 tokens (x rounded to bf16) against the reference, at every T of
-// the range: on AVX-512 BF16 bf16 runs them to 12 as groups of up to 8 tokens, one pass over the
-// rows each (4 rows x 5-6 tokens from 4 lanes, 3 x 7-8 from 3; T = 9 as 5 + 4, T = 12 as 6 + 6),
-// then on packed panels, and fp8 switches from register-decoded tiles to dequantized chunks (the
-// same wide tiles, 8 + 8 at T = 16) past 12. Row counts leave 1-3 rows
-// outside the lanes; K = 300 a ragged last step, K = 2100 rows past 2048. 1 and 2 threads.
+// Batched decode's calls of 3-17 tokens (x rounded to bf16) against the reference, at every T of
+// the range: on AVX-512 BF16 bf16 runs 5-12 as groups of up to 8 tokens, one pass over the rows
+// each (4 rows x 5-6 tokens from 4 lanes, 3 x 7-8 from 3; T = 9 as 5 + 4, T = 12 as 6 + 6), then
+// on packed panels; fp8 runs 3-16 on tile_fp8_wide (x scaled per block of rows, groups of up to 4
+// tokens: T = 5 as 2 + 3, 13 as 3 + 3 + 3 + 4; each row block's rows in 4 lanes) and 17 on
+// dequantized chunks. Row counts leave 1-3 rows outside the lanes; K = 300 a ragged last step,
+// K = 2100 rows past 2048; fp8 also in blocks of 64 rows x 192 columns (130 rows: 3 row blocks,
+// the last of 2 rows). 1 and 2 threads.
 TEST(OpsMatmul, BatchedDecodeCallsMatchReference) {
   std::mt19937 rng(31);
   struct Shape {
-    int64_t N, K;
+    int64_t N, K, block_out = 128, block_in = 128;
   };
-  const Shape shapes[] = {{37, 300}, {130, 2048}, {66, 2100}};
+  const Shape shapes[] = {{37, 300}, {130, 2048}, {66, 2100}, {130, 600, 64, 192}};
   for (DType dtype : {DType::BF16, DType::F8_E4M3}) {
     const auto kernels = host_kernels(OpId::matmul, OpShape{.weight_dtype = dtype});
     for (const Shape& s : shapes) {
       TestWeight tw = make_weight(dtype, s.N, s.K, rng);
-      for (int64_t T = 5; T <= 16; ++T) {
+      if (s.block_out != 128 || s.block_in != 128) {
+        if (dtype != DType::F8_E4M3) continue;
+        tw.w.block_out = s.block_out;
+        tw.w.block_in = s.block_in;
+        tw.scales.clear();
+        std::uniform_real_distribution<float> u(0.5f, 2.0f);
+        for (int64_t i = 0; i < (s.N + s.block_out - 1) / s.block_out * tw.w.scale_cols(); ++i)
+          tw.scales.push_back(u(rng) * 1e-2f);
+        tw.w.scale_inv = tw.scales.data();
+      }
+      for (int64_t T = 3; T <= 17; ++T) {
         const auto x = randn(static_cast<size_t>(T * s.K), rng);
         std::vector<float> ref(static_cast<size_t>(T * s.N));
         fn_of<MatmulFn>(kernels[0])(x.data(), T, tw.w, ref.data(), MatmulPrecision::exact());
@@ -183,8 +195,8 @@ TEST(OpsMatmul, BatchedDecodeCallsMatchReference) {
             std::vector<float> out(ref.size(), NAN);
             fn_of<MatmulFn>(k)(x.data(), T, tw.w, out.data(), MatmulPrecision{});
             EXPECT_LE(normalized_error(out, ref), matmul_tolerance(k, dtype, T, 0, false))
-                << k->name << " " << dtype_name(dtype) << " N=" << s.N << " K=" << s.K << " T=" << T
-                << " threads=" << threads;
+                << k->name << " " << dtype_name(dtype) << " N=" << s.N << " K=" << s.K << " blocks "
+                << s.block_out << " x " << s.block_in << " T=" << T << " threads=" << threads;
           }
         }
       }

@@ -110,7 +110,7 @@ int64_t exact_fp32_min_tokens(DType dtype) {
 // and 2 threads, 2048 x 1408, 1408 x 2048, 3072 x 2048: 1.2-1.3 at T = 8, 0.96-1.1 at 12,
 // 0.83-1.02 at 16, 0.79-0.85 at 32, 0.60-0.75 at 64 (T = 64: 1.4 -> 2.4 GB/s of codes at one
 // thread). The chunks lose to the panels from T ~ 80 (1.03-1.13x their time at T = 80-128).
-constexpr int64_t kFp8TileMaxTokens = 12;
+constexpr int64_t kFp8TileMaxTokens = 16;
 // f16 weights are dequantized to bf16 chunks at every T; calls of more tokens run on packed panels.
 constexpr int64_t kF16DirectMaxTokens = 4;
 // With AMX the panels multiply at tile rate and win from fewer tokens. Crossovers measured on a
@@ -220,11 +220,11 @@ inline void fp8x64_to_bf16(const uint8_t* p, __mmask64 mask, const Fp8Tables& t,
 
 inline __mmask64 tail_mask64(int64_t n) { return n >= 64 ? ~0ull : ((1ull << n) - 1ull); }
 
-// xb[T, Kp] (natural order, Kp % 64 == 0) -> xp[T, Kp] in fp8x64_to_bf16's lane-split order: per 64
-// values, dst[8 L + i] = src[16 L + i] and dst[32 + 8 L + i] = src[16 L + 8 + i] (lane L < 4, i < 8),
-// two vpermt2w (every fp8 decode call runs it; the scalar loop it replaces, inlined in matmul_impl,
-// was up to 0.6% of an fp8 decode token under perf).
-void permute_x64(const uint16_t* xb, int64_t T, int64_t Kp, uint16_t* xp) {
+// permute_x64's two vpermt2w index vectors: the first and second 32 of the lane-split order.
+struct LaneSplitOrder {
+  __m512i first, second;
+};
+inline LaneSplitOrder lane_split_order() {
   static const std::array<std::array<uint16_t, 32>, 2> order = [] {
     std::array<std::array<uint16_t, 32>, 2> o{};
     for (int half = 0; half < 2; ++half)
@@ -232,11 +232,18 @@ void permute_x64(const uint16_t* xb, int64_t T, int64_t Kp, uint16_t* xp) {
         for (int i = 0; i < 8; ++i) o[half][lane * 8 + i] = static_cast<uint16_t>(lane * 16 + 8 * half + i);
     return o;
   }();
-  const __m512i first = _mm512_loadu_si512(order[0].data()), second = _mm512_loadu_si512(order[1].data());
+  return {_mm512_loadu_si512(order[0].data()), _mm512_loadu_si512(order[1].data())};
+}
+// xb[T, Kp] (natural order, Kp % 64 == 0) -> xp[T, Kp] in fp8x64_to_bf16's lane-split order: per 64
+// values, dst[8 L + i] = src[16 L + i] and dst[32 + 8 L + i] = src[16 L + 8 + i] (lane L < 4, i < 8),
+// two vpermt2w (every fp8 decode call runs it; the scalar loop it replaces, inlined in matmul_impl,
+// was up to 0.6% of an fp8 decode token under perf).
+void permute_x64(const uint16_t* xb, int64_t T, int64_t Kp, uint16_t* xp) {
+  const LaneSplitOrder order = lane_split_order();
   for (int64_t i = 0; i < T * Kp; i += 64) {
     const __m512i a = _mm512_loadu_si512(xb + i), b = _mm512_loadu_si512(xb + i + 32);
-    _mm512_storeu_si512(xp + i, _mm512_permutex2var_epi16(a, first, b));
-    _mm512_storeu_si512(xp + i + 32, _mm512_permutex2var_epi16(a, second, b));
+    _mm512_storeu_si512(xp + i, _mm512_permutex2var_epi16(a, order.first, b));
+    _mm512_storeu_si512(xp + i + 32, _mm512_permutex2var_epi16(a, order.second, b));
   }
 }
 
@@ -536,6 +543,95 @@ template <int NR, bool S>
 constexpr Fp8TileFn kFp8Row[2] = {&tile_fp8<NR, 1, S>, fp8_pair_tile<NR, S>()};
 constexpr const Fp8TileFn* kFp8Tiles[2][4] = {{kFp8Row<1, false>, kFp8Row<2, false>, kFp8Row<3, false>, kFp8Row<4, false>},
                                               {kFp8Row<1, true>, kFp8Row<2, true>, kFp8Row<3, true>, kFp8Row<4, true>}};
+
+// ---- fp8 batched decode (3-12 tokens): each code decoded once for every token -----------------
+//
+// tile_fp8 keeps a block's partial sums apart from the running totals (acc and tot) to multiply
+// the block scale in once per block and row; at more than two tokens that needs too many
+// registers, so those calls ran token pairs that re-decoded every code T / 2 times, and the decode
+// is most of an fp8 tile's work (Zen 5, 1 thread, 2048 x 1408: 140-160 GFLOPS flat from T = 4 to
+// 16, the decode's rate, against the bf16 wide tiles' 200+ from twice the bytes). Here the scale
+// goes into x instead: for each block_out rows of weights, x times that row block's scales
+// (xs[t, k] = bf16(x[t, k] * scale[k / block_in]), in the lane-split order), so the accumulators
+// run over all of K and each row's 64 codes are decoded once for up to 8 tokens. The rounding is
+// the one x already takes (bf16 of the product instead of bf16 of x, relative 2^-9), and each
+// row's sums depend only on its row block's xs: grouped calls equal their separate calls.
+//
+// x[T, K] fp32 (row stride K) times one row block's scales (scales[k / block_in]) -> xs[T, Kp] bf16
+// in fp8x64_to_bf16's lane-split order (permute_x64's), zero past K.
+void scale_x_fp8(const float* x, int64_t T, int64_t K, int64_t Kp, const float* scales, int64_t block_in, uint16_t* xs) {
+  const LaneSplitOrder order = lane_split_order();
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xt = x + t * K;
+    uint16_t* dst = xs + t * Kp;
+    for (int64_t k = 0; k < Kp; k += 64) {
+      const __m512 s = _mm512_set1_ps(k < K ? scales[k / block_in] : 0.0f);
+      __m512 v[4];
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const int64_t left = K - k - 16 * j;
+        const __mmask16 m = left >= 16 ? __mmask16(0xffff) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1u);
+        v[j] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xt + k + 16 * j), s);
+      }
+      // natural order: a = x[k .. k + 31], b = x[k + 32 .. k + 63] (cvtne2ps: second operand low)
+      const __m512i a = (__m512i)_mm512_cvtne2ps_pbh(v[1], v[0]), b = (__m512i)_mm512_cvtne2ps_pbh(v[3], v[2]);
+      _mm512_storeu_si512(dst + k, _mm512_permutex2var_epi16(a, order.first, b));
+      _mm512_storeu_si512(dst + k + 32, _mm512_permutex2var_epi16(a, order.second, b));
+    }
+  }
+}
+
+// NR fp8 rows (n0 + r rs: `codes` points at row n0, `stride` = rs K bytes) x NT tokens of xs (one
+// row block's scaled x, row stride Kp); writes y[t * N + r * ys]. Per 64 columns the NR rows are
+// decoded first (2 NR vectors), then each token's two x vectors meet all of them.
+template <int NR, int NT>
+void tile_fp8_wide(const uint8_t* codes, int64_t stride, int64_t K, const uint16_t* xs, int64_t Kp, float* y,
+                   int64_t N, int64_t ys, const Fp8Tables& tables, const Prefetch& pf) {
+  __m512 acc[NR][NT];
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+  auto step = [&](int64_t k, __mmask64 m) __attribute__((always_inline)) {
+    __m512i wa[NR], wb[NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) fp8x64_to_bf16(codes + r * stride + k, m, tables, wa[r], wb[r]);
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      const __m512i xa = _mm512_loadu_si512(xs + t * Kp + k);
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wa[r], (__m512bh)xa);
+      const __m512i xb = _mm512_loadu_si512(xs + t * Kp + k + 32);
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wb[r], (__m512bh)xb);
+    }
+  };
+  int64_t k = 0;
+  for (; k + 64 <= K; k += 64) {
+    prefetch_rows<NR>(codes + k, stride, pf);
+    step(k, ~0ull);
+  }
+  if (k < K) step(k, tail_mask64(K - k));  // xs is zero past K
+  store_tile<NR, NT>(acc, y, N, ys, false);
+}
+
+using Fp8WideTileFn = void (*)(const uint8_t*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t, int64_t,
+                               const Fp8Tables&, const Prefetch&);
+// Tokens per pass: a call's tokens run in balanced groups of at most 4 (T = 7 as 3 + 4), each
+// group one pass of 4-row tiles over the rows (4 lanes); a tile's rows stay in L1 between its
+// groups, so memory is read once and the codes are decoded once per group. Wider tiles decode
+// less but stream fewer rows side by side, and from memory they lost: Zen 5, 1 thread, 2048 x 1408
+// from memory, alternating runs, us: T = 6 as one pass of 3-row tiles 193-200 against 164-183 as
+// 3 + 3 on 4 rows; T = 8 as 2-row x 8-token tiles 296-346 against 198-228 as 4 + 4 (the same
+// tiles from L3: 179 / 156). Two streams per row (each row's halves side by side) did not help
+// the 2-row tiles (T = 8: 340 us), nor did prefetch distances of 1-8 KiB.
+constexpr int64_t kFp8WideTokens = 4;
+// [nt - 1][nr - 1] (nt = 1 only in theory; T = 5 runs as 2 + 3)
+constexpr Fp8WideTileFn kFp8WideTiles[4][4] = {
+    {&tile_fp8_wide<1, 1>, &tile_fp8_wide<2, 1>, &tile_fp8_wide<3, 1>, &tile_fp8_wide<4, 1>},
+    {&tile_fp8_wide<1, 2>, &tile_fp8_wide<2, 2>, &tile_fp8_wide<3, 2>, &tile_fp8_wide<4, 2>},
+    {&tile_fp8_wide<1, 3>, &tile_fp8_wide<2, 3>, &tile_fp8_wide<3, 3>, &tile_fp8_wide<4, 3>},
+    {&tile_fp8_wide<1, 4>, &tile_fp8_wide<2, 4>, &tile_fp8_wide<3, 4>, &tile_fp8_wide<4, 4>}};
 
 // ---- 4-bit weights (MXFP4, INT4_G32) decoded in registers: decode-sized calls ------------------
 //
@@ -1542,9 +1638,11 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
   // kFp8DirectMaxTokens past that): chunks dequantized once to bf16 with the scale folded in
   // (W * scale rounded) and reused by every token.
   const bool fp8_direct = fp8 && (split || T <= kFp8TileMaxTokens);
+  // of those, 3 tokens and more (rounded x) on tile_fp8_wide: x scaled per row block in the tasks
+  const bool fp8_wide = fp8_direct && !split && T >= 3;
   const Fp8Tables& tables = fp8_tables();
   thread_local std::vector<uint16_t> xp_buf;  // [T, Kp] hi (+ [T, Kp] lo) in lane-split order, fp8 only
-  if (fp8_direct) {
+  if (fp8_direct && !fp8_wide) {
     xp_buf.resize(static_cast<size_t>((split ? 2 : 1) * T * Kp));
     permute_x64(xb, (split ? 2 : 1) * T, Kp, xp_buf.data());
   }
@@ -1593,6 +1691,27 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
           t += nt;
         }
       });
+      return;
+    }
+    if (fp8_wide) {
+      // each row block's rows (one scale per block_in columns) against x scaled by those scales
+      thread_local std::vector<uint16_t> xs_buf;  // [T, Kp]: scale_x_fp8
+      xs_buf.resize(static_cast<size_t>(T * Kp));
+      uint16_t* xs = xs_buf.data();
+      const uint8_t* codes = static_cast<const uint8_t*>(w.data);
+      const int64_t groups = (T + kFp8WideTokens - 1) / kFp8WideTokens;
+      for (int64_t s0 = n_begin; s0 < n_end;) {
+        const int64_t block = s0 / w.block_out, s1 = std::min(n_end, (block + 1) * w.block_out);
+        scale_x_fp8(x, T, K, Kp, w.scale_inv + block * w.scale_cols(), w.block_in, xs);
+        lane_tiles(s0, s1, [&](int64_t n0, int64_t nr, int64_t rs) {
+          for (int64_t g = 0; g < groups; ++g) {
+            const int64_t t0 = T * g / groups, nt = T * (g + 1) / groups - t0;
+            kFp8WideTiles[nt - 1][nr - 1](codes + n0 * K, rs * K, K, xs + t0 * Kp, Kp, y + t0 * N + n0, N, rs, tables,
+                                          kDecodePrefetch);
+          }
+        });
+        s0 = s1;
+      }
       return;
     }
     if (fp8_direct) {
