@@ -11,12 +11,13 @@
 //   default; every call in exact mode) split x into bf16 hi + lo instead and each weight vector
 //   takes two dot products: as accurate as fp32 FMAs, at half the dot-product rate, and not free
 //   even in decode (kernel_types.h has the measurement).
-// - W streams from memory exactly once per call. Decode-sized calls (T <= 12 tokens for bf16, 12 for
-//   fp8, 16 for 4-bit; fp8 and 4-bit weights also in exact mode): each task splits its rows into 4
+// - W streams from memory exactly once per call. Decode-sized calls (T <= 12 tokens for bf16, 16 for
+//   fp8 and 4-bit; fp8 and 4-bit weights also in exact mode): each task splits its rows into 4
 //   lanes and reads one row of each lane side by side (lane_tiles: 4 long sequential streams);
 //   bf16 calls of 5-12 tokens run groups of up to 8 tokens in one pass each (kWideTiles, 3 or 4
-//   lanes). fp8 calls of 13-64 tokens dequantize chunks of rows to bf16 once and run those tiles
-//   on them.
+//   lanes); fp8 calls of 3-16 tokens scale x by each row block's scales and decode every code once
+//   per group of up to 4 tokens (tile_fp8_wide). fp8 calls of 17-64 tokens dequantize chunks of
+//   rows to bf16 once and run the bf16 tiles on them.
 //   Exact-mode prefill: each task owns a range of 4-row groups, walks it in chunks of rows that
 //   stay in L2 (~128 KiB), and runs every token against a chunk before the next; the microkernel
 //   (tile_bf16) keeps 4 rows x up to 4 tokens of dot-product accumulators in registers. Longer calls that round x to bf16 (batched
@@ -35,9 +36,10 @@
 //   bandwidth on a Sapphire Rapids core, against ~85-90% with two. The error this adds (2^-9
 //   relative per activation) is 1/32 of the weights' own e4m3 rounding (2^-4).
 //   MatmulPrecision::fp8_split restores the split (fp32-accurate on the dequantized weights).
-//   Decode (T <= 4) decodes weights in registers and multiplies each 128x128 block's scale into
-//   its fp32 partial sum; prefill (and f16 always) dequantizes a chunk of rows once to bf16
-//   (scale folded in, one more bf16 rounding) and reuses it for every token.
+//   Decode (T <= 2, and exact mode) decodes weights in registers and multiplies each 128x128
+//   block's scale into its fp32 partial sum; batched decode (T = 3-16) folds the scale into x
+//   instead (bf16(x * scale) per block of rows); prefill (and f16 always) dequantizes a chunk of
+//   rows once to bf16 (scale folded in, one more bf16 rounding) and reuses it for every token.
 // Compiled with a per-region target pragma (no global -march); usable only where the CPU has
 // AVX-512 BF16, VBMI and VNNI (Constraints::cpu_isa "avx512bf16": Zen4, Sapphire Rapids and later).
 #include <immintrin.h>
@@ -74,9 +76,9 @@ constexpr int64_t kChunkBytes = 128 * 1024;  // weight rows kept in L2 while tok
 // 77-180 for the panels, which win from T ~ 24 (250-300 GFLOPS at T = 32-64).
 constexpr int64_t kQ4DirectMaxTokens = 16;
 // fp8 and bf16 calls of up to this many tokens run without packed panels: on the decode tiles (rows
-// in lanes, each weight streamed from memory once; token pairs / quads re-read a tile's rows from
+// in lanes, each weight streamed from memory once; token groups re-read a tile's rows from
 // L1/L2) or, fp8 past kFp8TileMaxTokens, on dequantized chunks; longer ones on packed panels.
-// Zen 5, 1 thread, kernel_bench --batched-only, same process: fp8 on the tiles 137-154 GFLOPS at
+// Zen 5, 1 thread, kernel_bench --batched-only, same process (token-pair fp8 tiles then): fp8 on the tiles 137-154 GFLOPS at
 // T = 8 against 35 on the panels (which dequantize every weight to bf16 and repack it: at T = 8
 // that costs more than the dot products), 142-158 vs 64 at T = 16, 161-168 vs 104 at T = 32, equal
 // at T = 64 (~165). bf16 on the token-quad tiles at T = 8: 1.0-1.3x the panels, at T = 16 0.85-1.1x
@@ -104,12 +106,14 @@ int64_t exact_fp32_min_tokens(DType dtype) {
   return dtype == DType::F8_E4M3 ? 8 : dtype == DType::BF16 ? 25 : 32;
 }
 // Within kFp8DirectMaxTokens, fp8 calls of up to this many tokens decode the codes in registers
-// (tile_fp8: a decode per token pair); longer ones dequantize a chunk of rows to bf16 once and run
-// the bf16 dot-product tiles over it (run_rows). The tiles re-decode every weight T / 2 times, so
-// past a dozen tokens the decode is the work: Zen 5, alternating calls, chunks' time / tiles', 1
-// and 2 threads, 2048 x 1408, 1408 x 2048, 3072 x 2048: 1.2-1.3 at T = 8, 0.96-1.1 at 12,
-// 0.83-1.02 at 16, 0.79-0.85 at 32, 0.60-0.75 at 64 (T = 64: 1.4 -> 2.4 GB/s of codes at one
-// thread). The chunks lose to the panels from T ~ 80 (1.03-1.13x their time at T = 80-128).
+// (tile_fp8 to 2 tokens, tile_fp8_wide from 3: a decode per group of up to 4 tokens); longer ones
+// dequantize a chunk of rows to bf16 once and run the bf16 dot-product tiles over it (run_rows).
+// When the tiles still decoded per token pair the chunks won from ~12 tokens (Zen 5, chunks' time
+// / tiles' 0.96-1.1 at 12, 0.83-1.02 at 16, 0.60-0.75 at 64). tile_fp8_wide against the chunks,
+// same machine, alternating runs, 2048 x 1408, 1408 x 2048, 3072 x 2048 (and 2048 x 10944 at 16),
+// 1 and 2 threads: T = 16 0.60-1.03 of their time, T = 24 0.91-0.93 (2048 x 1408 alone), T = 32
+// 0.95-1.07, T = 64 0.82-1.12: the tiles to 16. The chunks lose to the panels from T ~ 80 (1.03-1.13x their
+// time at T = 80-128).
 constexpr int64_t kFp8TileMaxTokens = 16;
 // f16 weights are dequantized to bf16 chunks at every T; calls of more tokens run on packed panels.
 constexpr int64_t kF16DirectMaxTokens = 4;
@@ -544,7 +548,7 @@ constexpr Fp8TileFn kFp8Row[2] = {&tile_fp8<NR, 1, S>, fp8_pair_tile<NR, S>()};
 constexpr const Fp8TileFn* kFp8Tiles[2][4] = {{kFp8Row<1, false>, kFp8Row<2, false>, kFp8Row<3, false>, kFp8Row<4, false>},
                                               {kFp8Row<1, true>, kFp8Row<2, true>, kFp8Row<3, true>, kFp8Row<4, true>}};
 
-// ---- fp8 batched decode (3-12 tokens): each code decoded once for every token -----------------
+// ---- fp8 batched decode (3-16 tokens): each code decoded once per group of up to 4 tokens ------
 //
 // tile_fp8 keeps a block's partial sums apart from the running totals (acc and tot) to multiply
 // the block scale in once per block and row; at more than two tokens that needs too many
@@ -553,7 +557,8 @@ constexpr const Fp8TileFn* kFp8Tiles[2][4] = {{kFp8Row<1, false>, kFp8Row<2, fal
 // 16, the decode's rate, against the bf16 wide tiles' 200+ from twice the bytes). Here the scale
 // goes into x instead: for each block_out rows of weights, x times that row block's scales
 // (xs[t, k] = bf16(x[t, k] * scale[k / block_in]), in the lane-split order), so the accumulators
-// run over all of K and each row's 64 codes are decoded once for up to 8 tokens. The rounding is
+// run over all of K and each row's 64 codes are decoded once for a group of up to 4 tokens
+// (kFp8WideTokens: why not more there). The rounding is
 // the one x already takes (bf16 of the product instead of bf16 of x, relative 2^-9), and each
 // row's sums depend only on its row block's xs: grouped calls equal their separate calls.
 //
