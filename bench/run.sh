@@ -364,7 +364,8 @@ kernel_section() {
   echo "is fp32-accurate in both modes except in 4-bit decode, whose default quantizes x to int16 per 32 elements (an error"
   echo "below rounding x to bf16; its exact rows run the fp32 tile); its fp8 T=1 rows decode e4m3 by integer ops into fp32's"
   echo "exponent field on AMD CPUs (F16C conversions elsewhere). The other kernels are fp32-accurate always."
-  echo "fp8 block scales always multiply fp32 partial sums."
+  echo "Its fp8 block scales always multiply fp32 partial sums."
+  echo "Batched fp8 rows of cpu.matmul_avx512bf16 (T = 3-16) fold each 128-row block's scales into x (bf16(x x scale), the rounding x takes anyway) and decode every code once per group of up to 4 tokens (tile_fp8_wide; since 2026-12-05: before, a decode per token pair to 12 tokens and dequantized chunks past it; alternating runs, 1 and 2 threads: 0.52-1.03x the time, 0.60-0.90x at T = 8-16 on most shapes). T = 17-64: dequantized chunks."
   echo "Batched bf16 rows (T = 16-64) run the packed panels: since 2026-12-05 their packing reads whole panels through row pointers and each micro-kernel step prefetches a few lines of the next block (alternating runs, 2 threads: 0.71-0.92x the time of the burst prefetch before; matmul_avx512bf16.cpp, run_panel). These rows move with the VM's memory phase: compare rows of one run, and the probes above them."
   echo
   echo "Prefill GEMM: moat's own kernels, oneDNN and OpenBLAS are not linked. Where the CPU has AMX (this run's"
