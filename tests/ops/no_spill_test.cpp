@@ -227,10 +227,10 @@ TEST(NoSpill, HotKernelsKeepAccumulatorsInRegisters) {
                           {"cpu_avx512bf16::(anonymous namespace)::tile_bf16<4, 4, ", 2, 0, true},
                           {"cpu_avx512bf16::(anonymous namespace)::tile_bf16<4, 6, ", 1, 0, true},
                           {"cpu_avx512bf16::(anonymous namespace)::tile_bf16<3, 8, ", 1, 0, true},
-                          // AVX2 (matmul_avx2.cpp): the register-decoding tiles (bf16, f16, f32: 1-4
-                          // rows x 1-2 tokens; fp8 through F16C: 1-4 rows x 1 token) prefetch their rows; the
-                          // packed 6 x 16 micro-kernels
-                          {"cpu_avx2_fma::(anonymous namespace)::tile_direct<", 28, 0, true, true},
+                          // AVX2 (matmul_avx2.cpp): the register-decoding tiles (bf16, f16, f32 and
+                          // fp8 through F16C: 1-4 rows x 1-2 tokens) prefetch their rows; the packed
+                          // 6 x 16 micro-kernels
+                          {"cpu_avx2_fma::(anonymous namespace)::tile_direct<", 32, 0, true, true},
                           {"cpu_avx2_fma::(anonymous namespace)::micro_kernel<", 6, 0, false, true},
                           // and their 512-bit twins: 1-12 tokens x 16 or 32 columns (up to 24 accumulators)
                           {"cpu_avx2_fma::(anonymous namespace)::micro_kernel_wide<", 24},
@@ -241,9 +241,8 @@ TEST(NoSpill, HotKernelsKeepAccumulatorsInRegisters) {
                           // MXFP4 and INT4_G32 decode tiles, 1-4 rows: fp32 (exact) and int16 activations
                           {"cpu_avx2_fma::(anonymous namespace)::tile_q4<", 8, 0, true, true},
                           {"cpu_avx2_fma::(anonymous namespace)::tile_q4_i16<", 8, 0, true, true},
-                          // fp8 on the exponent route (AMD), 1-4 rows x 1-2 tokens (4 rows x 2
-                          // tokens keep 8 accumulators and spill one around the block fold)
-                          {"cpu_avx2_fma::(anonymous namespace)::tile_fp8_exponent<", 8, 0, true, true, true},
+                          // fp8 on the exponent route (AMD), 1-4 rows x 1-2 tokens
+                          {"cpu_avx2_fma::(anonymous namespace)::tile_fp8_exponent<", 8, 0, true, true},
                           // MLA decode attention on bf16 dot products: the score pass (G = 4 or 8 heads,
                           // D % 32 == 0 or not) and the P . V pass; the loops around their inner ones
                           // store scores and outputs by design

@@ -207,7 +207,8 @@ TEST(OpsMatmul, BatchedDecodeCallsMatchReference) {
 // The AVX2 kernel's two exact fp8 decodes (F16C; integer shifts into fp32's exponent field, with
 // subnormal codes as fp32 subnormals) against the reference, whichever one this CPU picks by
 // default: every finite code, ragged K (tails of 44, 54 and 40 columns), blocks of 128 and of 96
-// (not a multiple of 64: the exponent route hands those to F16C), 1-4 rows per tile, 1-4, 8, 9
+// (not a multiple of 64: the exponent route hands those to F16C), row blocks of 128 and of 48 (the
+// exponent route scales x per block of rows: 130 rows in 3 blocks), 1-4 rows per tile, 1-4, 8, 9
 // and 10 tokens (the exponent route's 2-token tiles and a last odd token; F16C's packed panels)
 // and 11 and 17 (packed on both); on AVX-512 also through cpu.matmul_avx512fma's entry, whose F16C
 // route runs 1-4 tokens on its 512-bit tile (tile_fp8_f16c_wide) and both routes pack from 5 / 8.
@@ -219,13 +220,15 @@ TEST(OpsMatmul, Avx2Fp8DecodeRoutesMatchReference) {
   const KernelEntry* reference = host_kernels(OpId::matmul, OpShape{.weight_dtype = DType::F8_E4M3})[0];
   std::mt19937 rng(5);
   struct Shape {
-    int64_t N, K, block_in;
+    int64_t N, K, block_in, block_out = 128;
   };
-  const Shape shapes[] = {{7, 128, 128}, {37, 300, 128}, {130, 310, 128}, {9, 4200, 128}, {21, 240, 96}, {5, 1000, 96}};
+  const Shape shapes[] = {{7, 128, 128},  {37, 300, 128}, {130, 310, 128},    {9, 4200, 128},
+                          {21, 240, 96}, {5, 1000, 96},  {130, 640, 128, 48}};
   for (const Shape& s : shapes) {
     TestWeight tw = make_weight(DType::F8_E4M3, s.N, s.K, rng);
     tw.w.block_in = s.block_in;
-    tw.scales.resize(static_cast<size_t>((s.N + 127) / 128 * tw.w.scale_cols()), 0.0f);
+    tw.w.block_out = s.block_out;
+    tw.scales.resize(static_cast<size_t>((s.N + s.block_out - 1) / s.block_out * tw.w.scale_cols()), 0.0f);
     std::uniform_real_distribution<float> u(0.5f, 2.0f);
     for (float& v : tw.scales) v = u(rng) * 1e-2f;
     tw.w.scale_inv = tw.scales.data();
@@ -242,7 +245,7 @@ TEST(OpsMatmul, Avx2Fp8DecodeRoutesMatchReference) {
               x.data(), T, tw.w, out.data(), MatmulPrecision::exact());
           EXPECT_LE(normalized_error(out, ref), kExact)
               << "route " << static_cast<int>(route) << (wide ? " (512-bit packed)" : "") << " N=" << s.N
-              << " K=" << s.K << " block_in=" << s.block_in << " T=" << T;
+              << " K=" << s.K << " blocks " << s.block_out << " x " << s.block_in << " T=" << T;
         }
     }
   }

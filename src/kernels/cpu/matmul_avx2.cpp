@@ -149,8 +149,9 @@ constexpr float kFp8FromF16 = 256.0f;
 // subnormal codes become fp32 subnormals with the same mantissa: exact. 32 codes per 32-byte load:
 // out[j] holds byte j of every dword (elements j, j + 4, .., j + 28). Per 32 weights 3 shifts to
 // split the bytes, 2 to align them and 4 masks, against F16C's 2 conversions per 16 on top of the
-// sign-extend, shift and mask. The tiles scale x by 2^64 (kFp8ExponentX) so that products stay
-// normal (x w 2^-56), and the block scale takes the rest (kFp8ExponentScale).
+// sign-extend, shift and mask. The tiles scale x by 2^64 (kFp8ExponentX) and the block scale
+// (scale_x_fp8), so that products stay normal (x s w 2^-56); kFp8ExponentScale takes
+// the rest once per output.
 __attribute__((always_inline)) inline void fp8x32_exponent(__m256i codes, __m256 out[4]) {
   const __m256i mask = _mm256_set1_epi32(static_cast<int>(0x87F00000u));  // sign, 4 exponent + 3 mantissa bits
   // each 16-bit word's high byte (bytes 1, 3) under the word's top, sign copied into the 4 bits above
@@ -276,26 +277,17 @@ void tile_direct(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, float*
   const uint8_t* rows[NR];
 #pragma GCC unroll 4
   for (int r = 0; r < NR; ++r) rows[r] = base + r * rs * row_bytes;
-  // fp8: a scale per 128 x 128 block, so the k loop walks scale blocks
-  const int64_t block = D == DType::F8_E4M3 ? w.block_in : K;
-  const float* scale_rows[NR] = {};
-  if constexpr (D == DType::F8_E4M3) {
-#pragma GCC unroll 4
-    for (int r = 0; r < NR; ++r) scale_rows[r] = w.scale_inv + ((n0 + r * rs) / w.block_out) * w.scale_cols();
-  }
-  static_assert(D != DType::F8_E4M3 || NT == 1, "fp8 tiles fold one token's block sums into y");
+  // fp8: x arrives scaled by the row block's scales (and kFp8FromF16; run_direct), so fp8 rows
+  // sum like any other dtype's (the tile used to fold each 128-column block's sums times its
+  // scale into y: a horizontal sum per row and block, and one token per tile for lack of
+  // registers for the totals)
   __m256 acc[NR][NT][kHalves];
-  // fp8: the finished blocks' sums times their scales go straight to y, as scalars: 4 more ymm
-  // totals beside 8 accumulators, the decoded halves and the fp8 mask spilled (a horizontal sum
-  // per 128 elements costs less).
 #pragma GCC unroll 4
-  for (int r = 0; r < NR; ++r) {
-    if constexpr (D == DType::F8_E4M3) y[r * rs] = 0.0f;
+  for (int r = 0; r < NR; ++r)
 #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t)
 #pragma GCC unroll 2
       for (int h = 0; h < kHalves; ++h) acc[r][t][h] = _mm256_setzero_ps();
-  }
 
   // one 16-column step: decode each row's 16 weights, multiply into every token
   auto step = [&](const uint8_t* const* src, int64_t k) __attribute__((always_inline)) {
@@ -317,21 +309,10 @@ void tile_direct(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, float*
     }
   };
 
-  // fp8: block kb's partial sums, times its scales, into the totals. A scale per weight vector
-  // instead would keep 4 broadcast scales live across the k loop: more than 16 registers.
-  auto fold = [&](int64_t kb) __attribute__((always_inline)) {
-    if constexpr (D == DType::F8_E4M3) {
-#pragma GCC unroll 4
-      for (int r = 0; r < NR; ++r) {
-        y[r * rs] += hsum(_mm256_add_ps(acc[r][0][0], acc[r][0][1])) * (scale_rows[r][kb / w.block_in] * kFp8FromF16);
-        acc[r][0][0] = acc[r][0][1] = _mm256_setzero_ps();
-      }
-    }
-  };
   const int64_t k_whole = K / 16 * 16;  // where the ragged tail, if any, starts
-  for (int64_t kb = 0; kb < K; kb += block) {
-    const int64_t ke = std::min(K, kb + block);
-    int64_t k = kb;
+  {
+    const int64_t ke = K;
+    int64_t k = 0;
     // a cache line of every row per iteration, each row prefetched kPrefetchBytes ahead
     constexpr int64_t kLine = 64 / eb;
     for (; k + kLine <= ke; k += kLine) {
@@ -355,10 +336,9 @@ void tile_direct(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, float*
       for (int r = 0; r < NR; ++r) src[r] = rows[r] + k * eb;
       step(src, k);
     }
-    if (ke <= k_whole) fold(kb);  // else after the tail
   }
-  // The rows' last 1-15 elements (only the last scale block can be ragged: blocks are multiples
-  // of 16), zero padded as x is; outside the k loop, whose body must store no vectors.
+  // The rows' last 1-15 elements, zero padded as x is; outside the k loop, whose body must store
+  // no vectors.
   if (k_whole < K) {
     alignas(32) uint8_t tail[NR][64] = {};
     const uint8_t* src[NR];
@@ -367,17 +347,14 @@ void tile_direct(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, float*
       src[r] = tail[r];
     }
     step(src, k_whole);
-    fold((K - 1) / block * block);
   }
 #pragma GCC unroll 4
   for (int r = 0; r < NR; ++r)
 #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t) {
-      if constexpr (D != DType::F8_E4M3) {
-        __m256 v = acc[r][t][0];
-        if constexpr (kHalves == 2) v = _mm256_add_ps(v, acc[r][t][1]);
-        y[t * N + r * rs] = hsum(v);
-      }
+      __m256 v = acc[r][t][0];
+      if constexpr (kHalves == 2) v = _mm256_add_ps(v, acc[r][t][1]);
+      y[t * N + r * rs] = hsum(v);
     }
 }
 
@@ -419,11 +396,14 @@ void tile_q4(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, float* y) 
 }
 
 // fp8 on the exponent route: per 32 columns each row's 32 codes become 4 fp32 vectors
-// (fp8x32_exponent), 4 FMAs per token; each 128-column block's sums times the block scale go to
-// y, as in tile_direct. One token keeps 2 accumulators per row (a single chain of 4 dependent
-// FMAs per step would bound it by FMA latency); two tokens decode each code once for both (the
-// decode is most of the work: the 1-token tile re-decoded every weight per token, so batched fp8
-// decode was compute-bound at T x the one-token time) and have 8 chains in one accumulator each.
+// (fp8x32_exponent), 4 FMAs per token. x arrives scaled by the block scales of the tile's row
+// block (scale_x_fp8: every row of a tile lies in one block of rows), so the
+// accumulators run over all of K and only kFp8ExponentScale is left for the end. The tile used
+// to multiply each 128-column block's sums by the scale instead: a horizontal sum per row and
+// block, ~10 shuffles and adds per 52 ops of decode and FMAs, on the shuffle pipes the decode's
+// shifts need (Zen 3 at one thread is compute-bound here). One token keeps 2 accumulators per
+// row (a single chain of 4 dependent FMAs per step would bound it by FMA latency); two tokens
+// decode each code once for both and have 8 chains in one accumulator each.
 template <int NR, int NT>
 void tile_fp8_exponent(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, float* y) {
   static_assert(NT == 1 || NT == 2);
@@ -431,20 +411,16 @@ void tile_fp8_exponent(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, 
   const WeightMatrix& w = *a.w;
   const int64_t Kp = a.Kp, N = w.out_features;
   const float* x = a.x + t0 * Kp;
-  const int64_t K = w.in_features, block = w.block_in;  // block: a multiple of 64 (matmul_impl)
+  const int64_t K = w.in_features;
   const uint8_t* rows[NR];
-  const float* scale_rows[NR];
   __m256 acc[NR][NT][kChains];
 #pragma GCC unroll 4
   for (int r = 0; r < NR; ++r) {
     rows[r] = static_cast<const uint8_t*>(w.data) + (n0 + r * rs) * K;
-    scale_rows[r] = w.scale_inv + ((n0 + r * rs) / w.block_out) * w.scale_cols();
 #pragma GCC unroll 2
-    for (int t = 0; t < NT; ++t) {
-      y[t * N + r * rs] = 0.0f;
+    for (int t = 0; t < NT; ++t)
 #pragma GCC unroll 2
       for (int c = 0; c < kChains; ++c) acc[r][t][c] = _mm256_setzero_ps();
-    }
   }
   auto step = [&](const uint8_t* const* src, const float* xk) __attribute__((always_inline)) {
 #pragma GCC unroll 4
@@ -461,44 +437,21 @@ void tile_fp8_exponent(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, 
       }
     }
   };
-  auto fold = [&](int64_t kb) __attribute__((always_inline)) {
+  const int64_t k_whole = K / 64 * 64;
+  for (int64_t k = 0; k < k_whole; k += 64) {  // a cache line of every row, each prefetched ahead
+    const uint8_t* src[NR];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
-      const float scale = scale_rows[r][kb / block] * kFp8ExponentScale;
-      if constexpr (NT == 1) {
-        y[r * rs] += hsum(_mm256_add_ps(acc[r][0][0], acc[r][0][1])) * scale;
-      } else {  // both tokens' sums in one reduction: [t0, t1, t0, t1]
-        const __m256 h = _mm256_hadd_ps(acc[r][0][0], acc[r][1][0]);
-        __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-        q = _mm_hadd_ps(q, q);
-        y[r * rs] += _mm_cvtss_f32(q) * scale;
-        y[N + r * rs] += _mm_cvtss_f32(_mm_movehdup_ps(q)) * scale;
-      }
-#pragma GCC unroll 2
-      for (int t = 0; t < NT; ++t)
-#pragma GCC unroll 2
-        for (int c = 0; c < kChains; ++c) acc[r][t][c] = _mm256_setzero_ps();
+      src[r] = rows[r] + k;
+      _mm_prefetch(reinterpret_cast<const char*>(src[r]) + kPrefetchBytes, _MM_HINT_T0);
     }
-  };
-  const int64_t k_whole = K / 64 * 64;
-  for (int64_t kb = 0; kb < K; kb += block) {
-    const int64_t ke = std::min(k_whole, kb + block);
-    for (int64_t k = kb; k < ke; k += 64) {  // a cache line of every row, each prefetched ahead
-      const uint8_t* src[NR];
+    step(src, x + k);
 #pragma GCC unroll 4
-      for (int r = 0; r < NR; ++r) {
-        src[r] = rows[r] + k;
-        _mm_prefetch(reinterpret_cast<const char*>(src[r]) + kPrefetchBytes, _MM_HINT_T0);
-      }
-      step(src, x + k);
-#pragma GCC unroll 4
-      for (int r = 0; r < NR; ++r) src[r] += 32;
-      step(src, x + k + 32);
-    }
-    if (kb + block <= k_whole || k_whole == K) fold(kb);  // else after the tail
+    for (int r = 0; r < NR; ++r) src[r] += 32;
+    step(src, x + k + 32);
   }
-  // The rows' last 1-63 codes (only the last block can be ragged), zero padded as x is; outside
-  // the k loop, whose body must store no vectors.
+  // The rows' last 1-63 codes, zero padded as x is; outside the k loop, whose body must store no
+  // vectors.
   if (k_whole < K) {
     alignas(32) uint8_t tail[NR][64] = {};
     const uint8_t* src[NR];
@@ -509,8 +462,31 @@ void tile_fp8_exponent(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, 
     step(src, x + k_whole);
     for (int r = 0; r < NR; ++r) src[r] += 32;
     step(src, x + k_whole + 32);
-    fold(k_whole / block * block);
   }
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 2
+    for (int t = 0; t < NT; ++t) {
+      __m256 v = acc[r][t][0];
+      if constexpr (kChains == 2) v = _mm256_add_ps(v, acc[r][t][1]);
+      y[t * N + r * rs] = hsum(v) * kFp8ExponentScale;
+    }
+}
+
+// xd[T, Kp] (prepare_x_direct's layout for fp8: plain for F16C, the exponent route's order times
+// kFp8ExponentX) times one row block's scales times `factor` -> xs[T, Kp]: one fp32 rounding of
+// x * scale, fp32-accurate still. Per 16 columns one scale: block_in is a multiple of 16
+// (handled()), and the exponent route's order (block_in % 64 == 0 there) permutes within 32.
+void scale_x_fp8(const float* xd, int64_t T, int64_t Kp, int64_t K, const float* scales, int64_t block_in, float factor,
+                 float* xs) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < Kp; k += 16) {
+      // past K: x is zero there, except that the exponent order moves x[K - 1]'s 32-column group
+      // (one block) across it
+      const __m256 s = _mm256_set1_ps(scales[std::min(k, K - 1) / block_in] * factor);
+      _mm256_storeu_ps(xs + t * Kp + k, _mm256_mul_ps(_mm256_loadu_ps(xd + t * Kp + k), s));
+      _mm256_storeu_ps(xs + t * Kp + k + 8, _mm256_mul_ps(_mm256_loadu_ps(xd + t * Kp + k + 8), s));
+    }
 }
 
 // y[t0 .. t0 + NT)[n0 + r rs] for the tile's rows r (y already offset to token t0, row n0).
@@ -674,10 +650,7 @@ void tile_q4_i16(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, float*
 
 template <DType D, int... R>
 constexpr std::array<std::array<DirectTile, 2>, 4> direct_table(std::integer_sequence<int, R...>) {
-  if constexpr (D == DType::F8_E4M3)
-    return {{{&tile_direct<D, R + 1, 1>, nullptr}...}};
-  else
-    return {{{&tile_direct<D, R + 1, 1>, &tile_direct<D, R + 1, 2>}...}};
+  return {{{&tile_direct<D, R + 1, 1>, &tile_direct<D, R + 1, 2>}...}};
 }
 template <DType D>
 constexpr auto kDirect = direct_table<D>(std::make_integer_sequence<int, 4>{});
@@ -709,20 +682,17 @@ constexpr auto kDirectFp8Exponent = fp8_exponent_tiles(std::make_integer_sequenc
 // tile_direct's fp8 decode with zmm registers: 16 codes per conversion and FMA where the ymm tile
 // takes 8. For AVX-512F CPUs without BF16 dot products, whose fp8 goes through F16C (Intel: the
 // exponent route's subnormal inputs cost a microcode assist each). One token; four chains per row
-// (one per 16 codes of a cache line), folded into y times the block scale per block.
+// (one per 16 codes of a cache line); x arrives scaled by the row block's scales (run_direct).
 template <int NR>
 void tile_fp8_f16c_wide(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, float* y) {
   const WeightMatrix& w = *a.w;
   const float* x = a.x + t0 * a.Kp;
-  const int64_t K = w.in_features, block = w.block_in;  // block: a multiple of 16 (handled())
+  const int64_t K = w.in_features;
   const uint8_t* rows[NR];
-  const float* scale_rows[NR];
   __m512 acc[NR][4];
 #pragma GCC unroll 4
   for (int r = 0; r < NR; ++r) {
     rows[r] = static_cast<const uint8_t*>(w.data) + (n0 + r * rs) * K;
-    scale_rows[r] = w.scale_inv + ((n0 + r * rs) / w.block_out) * w.scale_cols();
-    y[r * rs] = 0.0f;
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
   }
@@ -735,19 +705,10 @@ void tile_fp8_f16c_wide(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0,
       acc[r][c] = _mm512_fmadd_ps(v, xk, acc[r][c]);
     }
   };
-  auto fold = [&](int64_t kb) __attribute__((always_inline)) {
-#pragma GCC unroll 4
-    for (int r = 0; r < NR; ++r) {
-      const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3]));
-      y[r * rs] += _mm512_reduce_add_ps(sum) * (scale_rows[r][kb / block] * kFp8FromF16);
-#pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
-    }
-  };
   const int64_t k_whole = K / 16 * 16;
-  for (int64_t kb = 0; kb < K; kb += block) {
-    const int64_t ke = std::min(K, kb + block);
-    int64_t k = kb;
+  {
+    const int64_t ke = K;
+    int64_t k = 0;
     for (; k + 64 <= ke; k += 64) {  // a cache line of every row, each prefetched ahead
       const uint8_t* src[NR];
 #pragma GCC unroll 4
@@ -769,7 +730,6 @@ void tile_fp8_f16c_wide(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0,
       for (int r = 0; r < NR; ++r) src[r] = rows[r] + k;
       step(src, k, 0);
     }
-    if (ke <= k_whole) fold(kb);  // else after the tail
   }
   // the rows' last 1-15 codes, zero padded as x is; outside the k loop, whose body stores nothing
   if (k_whole < K) {
@@ -780,7 +740,11 @@ void tile_fp8_f16c_wide(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0,
       src[r] = tail[r];
     }
     step(src, k_whole, 0);
-    fold((K - 1) / block * block);
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) {
+    const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3]));
+    y[r * rs] = _mm512_reduce_add_ps(sum);
   }
 }
 
@@ -882,7 +846,7 @@ const std::array<std::array<DirectTile, 2>, 4>& direct_tiles(DType d) {
 
 // Rows [begin, end) of one task: 4 lanes of L rows read side by side (tile i: rows begin + i +
 // q L), then the 0-3 rows left as one tile of consecutive rows.
-void run_direct(const DirectArgs& a, int64_t T, int64_t begin, int64_t end) {
+void run_direct(DirectArgs a, int64_t T, int64_t begin, int64_t end) {
   const auto& tiles = a.fp8_exponent           ? kDirectFp8Exponent
                      : a.wide && a.w->dtype == DType::F8_E4M3 ? kDirectFp8F16cWide
                      : a.xq == nullptr          ? direct_tiles(a.w->dtype)
@@ -890,7 +854,7 @@ void run_direct(const DirectArgs& a, int64_t T, int64_t begin, int64_t end) {
                      : a.wide                   ? kDirectQ4I16Wide<DType::INT4_G32>
                                                 : kDirectQ4I16<DType::INT4_G32>;
   const int64_t N = a.w->out_features;
-  const int64_t tokens_per_tile = tiles[0][1] != nullptr ? 2 : 1;  // F16C fp8 and 4-bit tiles take one
+  const int64_t tokens_per_tile = tiles[0][1] != nullptr ? 2 : 1;  // 512-bit F16C fp8 and 4-bit tiles take one
   auto tile = [&](int64_t n0, int64_t nr, int64_t rs) {
     for (int64_t t = 0; t < T;) {
       const int64_t nt = std::min(tokens_per_tile, T - t);
@@ -898,9 +862,28 @@ void run_direct(const DirectArgs& a, int64_t T, int64_t begin, int64_t end) {
       t += nt;
     }
   };
-  const int64_t L = (end - begin) / 4;
-  for (int64_t i = 0; i < L; ++i) tile(begin + i, 4, L);
-  if (begin + 4 * L < end) tile(begin + 4 * L, end - begin - 4 * L, 1);
+  auto lanes = [&](int64_t b, int64_t e) {
+    const int64_t L = (e - b) / 4;
+    for (int64_t i = 0; i < L; ++i) tile(b + i, 4, L);
+    if (b + 4 * L < e) tile(b + 4 * L, e - b - 4 * L, 1);
+  };
+  const WeightMatrix& w = *a.w;
+  if (w.dtype != DType::F8_E4M3) {
+    lanes(begin, end);
+    return;
+  }
+  // fp8: each block of rows against x scaled by that block's scales (and F16C's 2^8)
+  thread_local std::vector<float> xs_buf;  // [T, Kp]
+  xs_buf.resize(static_cast<size_t>(T * a.Kp));
+  const float* xd = a.x;
+  a.x = xs_buf.data();
+  for (int64_t s0 = begin; s0 < end;) {
+    const int64_t block = s0 / w.block_out, s1 = std::min(end, (block + 1) * w.block_out);
+    scale_x_fp8(xd, T, a.Kp, w.in_features, w.scale_inv + block * w.scale_cols(), w.block_in,
+                a.fp8_exponent ? 1.0f : kFp8FromF16, xs_buf.data());
+    lanes(s0, s1);
+    s0 = s1;
+  }
 }
 
 // ---- longer calls: packed GEMM -----------------------------------------------------------------
