@@ -8,12 +8,13 @@
 //
 // - Decode-sized calls (T <= direct_max_tokens: 4-22) decode the weights in registers and stream each
 //   byte of W from memory once: a task's rows are read in 4 lanes side by side (4 long sequential
-//   streams, each prefetched 2 KiB ahead), 1-2 tokens against each 4-row tile (F16C fp8 and
-//   4-bit: 1; fp8 adds each 128-column partial sum times its block scale into y). bf16 becomes
+//   streams, each prefetched 2 KiB ahead), 1-2 tokens against each 4-row tile (4-bit and the
+//   512-bit F16C fp8 tile: 1; fp8 tiles read x times the block scales of their row block,
+//   scale_x_fp8, and each row block's rows form lanes of their own). bf16 becomes
 //   fp32 with one shift (even elements) and one mask (odd elements), so x is stored evens-then-odds
 //   per 16 columns; fp8 becomes fp32 by integer shifts and masks into fp32's exponent field
 //   (fp8x32_exponent; AMD's default) or fp16 with a sign-extend, a shift and a mask (e4m3 and fp16
-//   differ only in the exponent bias, 2^8, which rides on the block scale; subnormals stay exact),
+//   differ only in the exponent bias, 2^8, which rides on the scaled x; subnormals stay exact),
 //   then F16C converts it.
 // - Longer calls (batched decode, verification, prefill) are a packed GEMM: W is decoded to fp32
 //   and transposed 64 columns x 256 k at a time (pack_panel: 16-column panels of 16 KiB, in L1
