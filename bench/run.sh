@@ -702,7 +702,7 @@ fi
   echo "Rows marked \`(MOAT_DISABLE_ISA=amx-bf16,avx512bf16)\` run as an AVX-512F server without BF16 dot products does"
   echo "(Skylake-SP, Cascade Lake, Ice Lake): cpu.matmul_avx512fma, fp32 FMAs on weights decoded in registers (decode) or"
   echo "packed (prefill, 512-bit), against the 512-bit FMA peak. Before that kernel (2026-12-04, alternating runs, 2 threads)"
-  echo "such a prefill ran on 256-bit FMAs at 157-171 tok/s against 268-281. Its fp8 decode reads 62% of the bandwidth here:"
+  echo "such a prefill ran on 256-bit FMAs at 157-171 tok/s against 268-281. Its fp8 decode reads 66-68% of the bandwidth here (60-67% before its tiles took x scaled per row block, 2026-12-05):"
   echo "on AMD the codes go through the exponent route in ymm registers, compute-bound. Intel servers take F16C instead, which"
   echo "has a 512-bit tile: with MOAT_FP8_DECODE=f16c on this Zen 5 (alternating runs) decode 21.4 -> 26.3-26.6 tok/s at 1"
   echo "thread, 35.0-35.2 -> 43.5-50.3 at 2, against the ymm F16C tile."

@@ -76,14 +76,14 @@ constexpr int64_t kChunkBytes = 128 * 1024;  // weight rows kept in L2 while tok
 // 77-180 for the panels, which win from T ~ 24 (250-300 GFLOPS at T = 32-64).
 constexpr int64_t kQ4DirectMaxTokens = 16;
 // fp8 and bf16 calls of up to this many tokens run without packed panels: on the decode tiles (rows
-// in lanes, each weight streamed from memory once; token groups re-read a tile's rows from
-// L1/L2) or, fp8 past kFp8TileMaxTokens, on dequantized chunks; longer ones on packed panels.
-// Zen 5, 1 thread, kernel_bench --batched-only, same process (token-pair fp8 tiles then): fp8 on the tiles 137-154 GFLOPS at
-// T = 8 against 35 on the panels (which dequantize every weight to bf16 and repack it: at T = 8
-// that costs more than the dot products), 142-158 vs 64 at T = 16, 161-168 vs 104 at T = 32, equal
-// at T = 64 (~165). bf16 on the token-quad tiles at T = 8: 1.0-1.3x the panels, at T = 16 0.85-1.1x
-// (noise): they stopped at 8 until the wide tiles. Batched decode with few streams per expert and
-// speculative verification (k + 1 tokens) are made of these calls.
+// in lanes, each weight streamed from memory once; token groups re-read a tile's rows from L1/L2)
+// or, fp8 past kFp8TileMaxTokens, on dequantized chunks; longer ones on packed panels. Zen 5, 1
+// thread, kernel_bench --batched-only, same process (token-pair fp8 tiles then): fp8 on the tiles
+// 137-154 GFLOPS at T = 8 against 35 on the panels (which dequantize every weight to bf16 and
+// repack it: at T = 8 that costs more than the dot products), 142-158 vs 64 at T = 16, 161-168 vs
+// 104 at T = 32, equal at T = 64 (~165). bf16 on the token-quad tiles at T = 8: 1.0-1.3x the
+// panels, at T = 16 0.85-1.1x (noise): they stopped at 8 until the wide tiles. Batched decode with
+// few streams per expert and speculative verification (k + 1 tokens) are made of these calls.
 constexpr int64_t kFp8DirectMaxTokens = 64;
 // bf16 since the wide tiles (kWideTokens: two passes at T = 9-16): Zen 5, alternating calls, their
 // time over the panels' 0.58-0.79 at T = 10-17 (1 thread, 2048 x 1408), 0.80-0.90 at T = 12-14
@@ -108,12 +108,12 @@ int64_t exact_fp32_min_tokens(DType dtype) {
 // Within kFp8DirectMaxTokens, fp8 calls of up to this many tokens decode the codes in registers
 // (tile_fp8 to 2 tokens, tile_fp8_wide from 3: a decode per group of up to 4 tokens); longer ones
 // dequantize a chunk of rows to bf16 once and run the bf16 dot-product tiles over it (run_rows).
-// When the tiles still decoded per token pair the chunks won from ~12 tokens (Zen 5, chunks' time
-// / tiles' 0.96-1.1 at 12, 0.83-1.02 at 16, 0.60-0.75 at 64). tile_fp8_wide against the chunks,
-// same machine, alternating runs, 2048 x 1408, 1408 x 2048, 3072 x 2048 (and 2048 x 10944 at 16),
-// 1 and 2 threads: T = 16 0.60-1.03 of their time, T = 24 0.91-0.93 (2048 x 1408 alone), T = 32
-// 0.95-1.07, T = 64 0.82-1.12: the tiles to 16. The chunks lose to the panels from T ~ 80 (1.03-1.13x their
-// time at T = 80-128).
+// When the tiles still decoded per token pair the chunks won from ~12 tokens (Zen 5, chunks' time /
+// tiles' 0.96-1.1 at 12, 0.83-1.02 at 16, 0.60-0.75 at 64). tile_fp8_wide against the chunks, same
+// machine, alternating runs, 2048 x 1408, 1408 x 2048, 3072 x 2048 (and 2048 x 10944 at 16), 1 and
+// 2 threads: T = 16 0.60-1.03 of their time, T = 24 0.91-0.93 (2048 x 1408 alone), T = 32
+// 0.95-1.07, T = 64 0.82-1.12: the tiles to 16. The chunks lose to the panels from T ~ 80
+// (1.03-1.13x their time at T = 80-128).
 constexpr int64_t kFp8TileMaxTokens = 16;
 // f16 weights are dequantized to bf16 chunks at every T; calls of more tokens run on packed panels.
 constexpr int64_t kF16DirectMaxTokens = 4;
@@ -550,21 +550,22 @@ constexpr const Fp8TileFn* kFp8Tiles[2][4] = {{kFp8Row<1, false>, kFp8Row<2, fal
 
 // ---- fp8 batched decode (3-16 tokens): each code decoded once per group of up to 4 tokens ------
 //
-// tile_fp8 keeps a block's partial sums apart from the running totals (acc and tot) to multiply
-// the block scale in once per block and row; at more than two tokens that needs too many
-// registers, so those calls ran token pairs that re-decoded every code T / 2 times, and the decode
-// is most of an fp8 tile's work (Zen 5, 1 thread, 2048 x 1408: 140-160 GFLOPS flat from T = 4 to
-// 16, the decode's rate, against the bf16 wide tiles' 200+ from twice the bytes). Here the scale
-// goes into x instead: for each block_out rows of weights, x times that row block's scales
-// (xs[t, k] = bf16(x[t, k] * scale[k / block_in]), in the lane-split order), so the accumulators
-// run over all of K and each row's 64 codes are decoded once for a group of up to 4 tokens
-// (kFp8WideTokens: why not more there). The rounding is
-// the one x already takes (bf16 of the product instead of bf16 of x, relative 2^-9), and each
-// row's sums depend only on its row block's xs: grouped calls equal their separate calls.
+// tile_fp8 keeps a block's partial sums apart from the running totals (acc and tot) to multiply the
+// block scale in once per block and row; at more than two tokens that needs too many registers, so
+// those calls ran token pairs that re-decoded every code T / 2 times, and the decode is most of an
+// fp8 tile's work (Zen 5, 1 thread, 2048 x 1408: 140-160 GFLOPS flat from T = 4 to 16, the decode's
+// rate, against the bf16 wide tiles' 200+ from twice the bytes). Here the scale goes into x
+// instead: for each block_out rows of weights, x times that row block's scales (xs[t, k] =
+// bf16(x[t, k] * scale[k / block_in]), in the lane-split order), so the accumulators run over all
+// of K and each row's 64 codes are decoded once for a group of up to 4 tokens (kFp8WideTokens: why
+// not more there). The rounding is the one x already takes (bf16 of the product instead of bf16 of
+// x, relative 2^-9), and each row's sums depend only on its row block's xs: grouped calls equal
+// their separate calls.
 //
 // x[T, K] fp32 (row stride K) times one row block's scales (scales[k / block_in]) -> xs[T, Kp] bf16
 // in fp8x64_to_bf16's lane-split order (permute_x64's), zero past K.
-void scale_x_fp8(const float* x, int64_t T, int64_t K, int64_t Kp, const float* scales, int64_t block_in, uint16_t* xs) {
+void scale_x_fp8(const float* x, int64_t T, int64_t K, int64_t Kp, const float* scales, int64_t block_in,
+                 uint16_t* xs) {
   const LaneSplitOrder order = lane_split_order();
   for (int64_t t = 0; t < T; ++t) {
     const float* xt = x + t * K;
