@@ -311,32 +311,29 @@ void tile_direct(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, float*
   };
 
   const int64_t k_whole = K / 16 * 16;  // where the ragged tail, if any, starts
-  {
-    const int64_t ke = K;
-    int64_t k = 0;
-    // a cache line of every row per iteration, each row prefetched kPrefetchBytes ahead
-    constexpr int64_t kLine = 64 / eb;
-    for (; k + kLine <= ke; k += kLine) {
-      const uint8_t* src[NR];
+  int64_t k = 0;
+  // a cache line of every row per iteration, each row prefetched kPrefetchBytes ahead
+  constexpr int64_t kLine = 64 / eb;
+  for (; k + kLine <= K; k += kLine) {
+    const uint8_t* src[NR];
 #pragma GCC unroll 4
-      for (int r = 0; r < NR; ++r) {
-        src[r] = rows[r] + k * eb;
-        _mm_prefetch(reinterpret_cast<const char*>(src[r]) + kPrefetchBytes, _MM_HINT_T0);
-      }
-#pragma GCC unroll 4
-      for (int64_t j = 0; j < kLine; j += 16) {
-        const uint8_t* sj[NR];
-#pragma GCC unroll 4
-        for (int r = 0; r < NR; ++r) sj[r] = src[r] + j * eb;
-        step(sj, k + j);
-      }
+    for (int r = 0; r < NR; ++r) {
+      src[r] = rows[r] + k * eb;
+      _mm_prefetch(reinterpret_cast<const char*>(src[r]) + kPrefetchBytes, _MM_HINT_T0);
     }
-    for (; k + 16 <= ke; k += 16) {
-      const uint8_t* src[NR];
 #pragma GCC unroll 4
-      for (int r = 0; r < NR; ++r) src[r] = rows[r] + k * eb;
-      step(src, k);
+    for (int64_t j = 0; j < kLine; j += 16) {
+      const uint8_t* sj[NR];
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) sj[r] = src[r] + j * eb;
+      step(sj, k + j);
     }
+  }
+  for (; k + 16 <= K; k += 16) {
+    const uint8_t* src[NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) src[r] = rows[r] + k * eb;
+    step(src, k);
   }
   // The rows' last 1-15 elements, zero padded as x is; outside the k loop, whose body must store
   // no vectors.
@@ -707,30 +704,27 @@ void tile_fp8_f16c_wide(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0,
     }
   };
   const int64_t k_whole = K / 16 * 16;
-  {
-    const int64_t ke = K;
-    int64_t k = 0;
-    for (; k + 64 <= ke; k += 64) {  // a cache line of every row, each prefetched ahead
-      const uint8_t* src[NR];
+  int64_t k = 0;
+  for (; k + 64 <= K; k += 64) {  // a cache line of every row, each prefetched ahead
+    const uint8_t* src[NR];
 #pragma GCC unroll 4
-      for (int r = 0; r < NR; ++r) {
-        src[r] = rows[r] + k;
-        _mm_prefetch(reinterpret_cast<const char*>(src[r]) + kPrefetchBytes, _MM_HINT_T0);
-      }
-#pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) {
-        const uint8_t* sc[NR];
-#pragma GCC unroll 4
-        for (int r = 0; r < NR; ++r) sc[r] = src[r] + 16 * c;
-        step(sc, k + 16 * c, c);
-      }
+    for (int r = 0; r < NR; ++r) {
+      src[r] = rows[r] + k;
+      _mm_prefetch(reinterpret_cast<const char*>(src[r]) + kPrefetchBytes, _MM_HINT_T0);
     }
-    for (; k + 16 <= ke; k += 16) {
-      const uint8_t* src[NR];
 #pragma GCC unroll 4
-      for (int r = 0; r < NR; ++r) src[r] = rows[r] + k;
-      step(src, k, 0);
+    for (int c = 0; c < 4; ++c) {
+      const uint8_t* sc[NR];
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) sc[r] = src[r] + 16 * c;
+      step(sc, k + 16 * c, c);
     }
+  }
+  for (; k + 16 <= K; k += 16) {
+    const uint8_t* src[NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) src[r] = rows[r] + k;
+    step(src, k, 0);
   }
   // the rows' last 1-15 codes, zero padded as x is; outside the k loop, whose body stores nothing
   if (k_whole < K) {
