@@ -261,6 +261,22 @@ struct DirectArgs {
   const float* xs = nullptr;    // [T][Kp / 32]
 };
 
+// The epilogue of the ymm decode tiles: y[t * N + r * rs] = the sum of acc[r][t]'s C chains times
+// `factor`. always_inline, so acc stays in the tile's registers.
+template <int NR, int NT, int C>
+__attribute__((always_inline)) inline void store_chains(const __m256 (&acc)[NR][NT][C], float* y, int64_t N,
+                                                        int64_t rs, float factor) {
+  static_assert(C == 1 || C == 2);
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      __m256 v = acc[r][t][0];
+      if constexpr (C == 2) v = _mm256_add_ps(v, acc[r][t][1]);
+      y[t * N + r * rs] = hsum(v) * factor;
+    }
+}
+
 // y[t][n0 + r rs] for r < NR, t < NT (tokens t0 ..; y already offset). NT == 1 keeps
 // separate accumulators for the two halves of each 16 (each FMA chain one FMA per step: the
 // latency of a 2-FMA chain would bound a 4-row, 1-token tile at half the FMA rate); two tokens
@@ -346,14 +362,7 @@ void tile_direct(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, float*
     }
     step(src, k_whole);
   }
-#pragma GCC unroll 4
-  for (int r = 0; r < NR; ++r)
-#pragma GCC unroll 4
-    for (int t = 0; t < NT; ++t) {
-      __m256 v = acc[r][t][0];
-      if constexpr (kHalves == 2) v = _mm256_add_ps(v, acc[r][t][1]);
-      y[t * N + r * rs] = hsum(v);
-    }
+  store_chains(acc, y, N, rs, 1.0f);
 }
 
 // 4-bit weights, one token: per 32-column group each row's 16 bytes become 32 int8 values (two
@@ -461,14 +470,7 @@ void tile_fp8_exponent(const DirectArgs& a, int64_t n0, int64_t rs, int64_t t0, 
     for (int r = 0; r < NR; ++r) src[r] += 32;
     step(src, x + k_whole + 32);
   }
-#pragma GCC unroll 4
-  for (int r = 0; r < NR; ++r)
-#pragma GCC unroll 2
-    for (int t = 0; t < NT; ++t) {
-      __m256 v = acc[r][t][0];
-      if constexpr (kChains == 2) v = _mm256_add_ps(v, acc[r][t][1]);
-      y[t * N + r * rs] = hsum(v) * kFp8ExponentScale;
-    }
+  store_chains(acc, y, N, rs, kFp8ExponentScale);
 }
 
 // xd[T, Kp] (prepare_x_direct's layout for fp8: plain for F16C, the exponent route's order times
