@@ -575,8 +575,7 @@ void scale_x_fp8(const float* x, int64_t T, int64_t K, int64_t Kp, const float* 
       __m512 v[4];
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) {
-        const int64_t left = K - k - 16 * j;
-        const __mmask16 m = left >= 16 ? __mmask16(0xffff) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1u);
+        const auto m = static_cast<__mmask16>(tail_mask(std::clamp<int64_t>(K - k - 16 * j, 0, 16)));
         v[j] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xt + k + 16 * j), s);
       }
       // natural order: a = x[k .. k + 31], b = x[k + 32 .. k + 63] (cvtne2ps: second operand low)
@@ -1555,10 +1554,17 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
   const bool amx_panels = amx && panels;
   // AMX reads x in whole 16-token tiles: rows up to Tp are allocated and zeroed.
   const int64_t Tp = amx_panels ? (T + kAmxTokens - 1) / kAmxTokens * kAmxTokens : T;
+  // fp8 calls of 3 tokens or more on the decode tiles run on tile_fp8_wide: x scaled per row
+  // block in the tasks (scale_x_fp8). They and 4-bit decode with int16 activations read x itself,
+  // not its bf16 copy.
+  const bool fp8_wide = fp8 && !split && !panels && T >= 3 && T <= kFp8TileMaxTokens;
+  const bool reads_xb = !fp8_wide && !(q4 && !split && !panels);
   thread_local std::vector<uint16_t> xb_buf;  // [T, Kp] hi, then [T, Kp] lo when split ([Tp, Kp] on AMX)
-  xb_buf.resize(static_cast<size_t>((split ? 2 : 1) * Tp * Kp));
-  convert_x(x, T, K, Kp, xb_buf.data(), split ? xb_buf.data() + T * Kp : nullptr);
-  if (Tp > T) std::fill(xb_buf.begin() + T * Kp, xb_buf.begin() + Tp * Kp, uint16_t{0});
+  if (reads_xb) {
+    xb_buf.resize(static_cast<size_t>((split ? 2 : 1) * Tp * Kp));
+    convert_x(x, T, K, Kp, xb_buf.data(), split ? xb_buf.data() + T * Kp : nullptr);
+    if (Tp > T) std::fill(xb_buf.begin() + T * Kp, xb_buf.begin() + Tp * Kp, uint16_t{0});
+  }
   const uint16_t* xb = xb_buf.data();
   const int64_t lo_off = split ? T * Kp : 0;
   const int64_t Kq = (K + 127) / 128 * 128;  // 4-bit weights: whole 128-column blocks
@@ -1644,8 +1650,6 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
   // kFp8DirectMaxTokens past that): chunks dequantized once to bf16 with the scale folded in
   // (W * scale rounded) and reused by every token.
   const bool fp8_direct = fp8 && (split || T <= kFp8TileMaxTokens);
-  // of those, 3 tokens and more (rounded x) on tile_fp8_wide: x scaled per row block in the tasks
-  const bool fp8_wide = fp8_direct && !split && T >= 3;
   const Fp8Tables& tables = fp8_tables();
   thread_local std::vector<uint16_t> xp_buf;  // [T, Kp] hi (+ [T, Kp] lo) in lane-split order, fp8 only
   if (fp8_direct && !fp8_wide) {
