@@ -6,7 +6,8 @@
 // calls).
 //
 // - The fp32 activations are converted to bf16 once per call (x_bf16: [T, Kp], Kp = K rounded up
-//   to 64, zero padded), so the inner loop is vdpbf16ps (fp32 accumulate): normalized error ~4e-3,
+//   to 64, zero padded; calls on packed panels round them straight into the panels' token-tile
+//   layout instead, pack_x_f32), so the inner loop is vdpbf16ps (fp32 accumulate): normalized error ~4e-3,
 //   as llama.cpp and GPU engines run. Calls of at most MatmulPrecision::split_max_tokens (0 by
 //   default; every call in exact mode) split x into bf16 hi + lo instead and each weight vector
 //   takes two dot products: as accurate as fp32 FMAs, at half the dot-product rate, and not free
@@ -1108,6 +1109,81 @@ void pack_x(const uint16_t* xb, int64_t T, int64_t Kp, uint32_t* xq) {
   }
 }
 
+// x[T, K] fp32 -> xq as pack_x lays it out, in one pass: convert_x's bf16 values (the same RNE
+// rounding), without the [T, Kp] bf16 copy in between. Per token tile, 32 columns at a time: each
+// token's 16 column pairs (one cvtne2ps), interleaved token by token by 18 permutes (three pairs of
+// tokens zipped, then each output vector drawn from the three zips) into 6 x 16 dwords stored
+// whole. convert_x + pack_x cost 4-11% of a panel call's time (Zen 5, 1 thread, weights in L3:
+// T = 48 on 1408 x 2048 9%, T = 512 on 2048 x 2048 11%): two passes over x and its copy, and
+// pack_x's 4-byte stores one dword at a time. Token tiles [tile0, tile1) only: calls of many tokens
+// split the tiles across the pool (at 2 threads the calling thread alone packing x had held back
+// prefill-sized calls by 5-10%).
+struct PackXPermutes {
+  alignas(64) int32_t zip_lo[16], zip_hi[16];  // (a, b) -> a0 b0 a1 b1 .. a7 b7 / a8 b8 .. a15 b15
+  alignas(64) int32_t pair[6][16];  // output v from zips 01 (index < 16) and 23 (index >= 16)
+  alignas(64) int32_t third[6][16];  // output v's lanes from zip 45
+  __mmask16 third_mask[6];
+};
+constexpr PackXPermutes make_pack_x_permutes() {
+  PackXPermutes p{};
+  for (int l = 0; l < 16; ++l) {
+    p.zip_lo[l] = l / 2 + (l % 2) * 16;
+    p.zip_hi[l] = 8 + l / 2 + (l % 2) * 16;
+  }
+  for (int v = 0; v < 6; ++v) {
+    p.third_mask[v] = 0;
+    for (int l = 0; l < 16; ++l) {
+      const int e = 16 * v + l, j = e / kTokTile, t = e % kTokTile;  // dword e of 96: pair j, token t
+      const int pos = 2 * (j % 8) + t % 2;                           // its place in the zip of t's pair
+      p.pair[v][l] = pos + (t / 2 == 1 ? 16 : 0);
+      p.third[v][l] = pos;
+      if (t / 2 == 2) p.third_mask[v] = static_cast<__mmask16>(p.third_mask[v] | (1u << l));
+    }
+  }
+  return p;
+}
+constexpr PackXPermutes kPackXPermutes = make_pack_x_permutes();
+static_assert(kTokTile == 6, "pack_x_f32 interleaves six tokens");
+
+void pack_x_f32(const float* x, int64_t T, int64_t K, int64_t Kp, uint32_t* xq, int64_t tile0, int64_t tile1) {
+  const PackXPermutes& P = kPackXPermutes;
+  const __m512i zip_lo = _mm512_load_si512(P.zip_lo), zip_hi = _mm512_load_si512(P.zip_hi);
+  const int64_t pairs = Kp / 2;
+  for (int64_t tile = tile0; tile < tile1; ++tile) {
+    uint32_t* dst = xq + tile * pairs * kTokTile;
+    const int64_t t0 = tile_start(T, tile), nt = tile_start(T, tile + 1) - t0;
+    for (int64_t k = 0; k < Kp; k += 32) {
+      const int64_t n = std::max<int64_t>(0, std::min<int64_t>(32, K - k));
+      const __mmask16 m0 = static_cast<__mmask16>(tail_mask(std::min<int64_t>(n, 16)));
+      const __mmask16 m1 = static_cast<__mmask16>(tail_mask(std::max<int64_t>(0, n - 16)));
+      __m512i v[kTokTile];  // token t's 16 column pairs [k, k + 32) as bf16 pairs; zero past the tile
+#pragma GCC unroll 6
+      for (int t = 0; t < kTokTile; ++t) {
+        if (t < nt) {
+          const float* xr = x + (t0 + t) * K + k;
+          v[t] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, xr + 16), _mm512_maskz_loadu_ps(m0, xr));
+        } else {
+          v[t] = _mm512_setzero_si512();
+        }
+      }
+      __m512i zip[3][2];  // tokens 2i, 2i + 1: pairs 0-7 and 8-15
+#pragma GCC unroll 3
+      for (int i = 0; i < 3; ++i) {
+        zip[i][0] = _mm512_permutex2var_epi32(v[2 * i], zip_lo, v[2 * i + 1]);
+        zip[i][1] = _mm512_permutex2var_epi32(v[2 * i], zip_hi, v[2 * i + 1]);
+      }
+      uint32_t* out = dst + (k / 2) * kTokTile;
+#pragma GCC unroll 6
+      for (int o = 0; o < kTokTile; ++o) {
+        const int h = o / 3;  // outputs 0-2 hold pairs 0-7, 3-5 pairs 8-15
+        __m512i r = _mm512_permutex2var_epi32(zip[0][h], _mm512_load_si512(P.pair[o]), zip[1][h]);
+        r = _mm512_mask_permutexvar_epi32(r, P.third_mask[o], _mm512_load_si512(P.third[o]), zip[2][h]);
+        _mm512_storeu_si512(out + 16 * o, r);
+      }
+    }
+  }
+}
+
 // pack_panel for a whole panel (64 rows, every column inside the matrix): unmasked loads through
 // four row pointers and three stride registers. The general loop kept 16 row pointers and their
 // masks on the stack (reloaded, cmov'd and moved to k registers per row and 32 columns): perf put
@@ -1558,7 +1634,9 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
   // block in the tasks (scale_x_fp8). They and 4-bit decode with int16 activations read x itself,
   // not its bf16 copy.
   const bool fp8_wide = fp8 && !split && !panels && T >= 3 && T <= kFp8TileMaxTokens;
-  const bool reads_xb = !fp8_wide && !(q4 && !split && !panels);
+  // bf16 / fp8 / f16 panels without AMX pack x straight from fp32 (pack_x_f32)
+  const bool packs_from_f32 = panels && !amx_panels && !q4;
+  const bool reads_xb = !fp8_wide && !(q4 && !split && !panels) && !packs_from_f32;
   thread_local std::vector<uint16_t> xb_buf;  // [T, Kp] hi, then [T, Kp] lo when split ([Tp, Kp] on AMX)
   if (reads_xb) {
     xb_buf.resize(static_cast<size_t>((split ? 2 : 1) * Tp * Kp));
@@ -1593,7 +1671,14 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
       xs = xt_buf.data();
     } else {
       xq_buf.resize(static_cast<size_t>(token_tiles(T) * Kx / 2 * kTokTile));
-      pack_x(xs, T, Kx, xq_buf.data());
+      if (packs_from_f32) {
+        uint32_t* xq = xq_buf.data();
+        thread_pool().parallel_for(token_tiles(T), [&](int64_t tile0, int64_t tile1) {
+          pack_x_f32(x, T, K, Kx, xq, tile0, tile1);
+        }, grain_for_bytes(static_cast<double>(kTokTile * K) * sizeof(float)));
+      } else {
+        pack_x(xs, T, Kx, xq_buf.data());
+      }
     }
     const uint32_t* xq = xq_buf.data();
     thread_pool().parallel_for((N + kPanelRows - 1) / kPanelRows, [&](int64_t p0, int64_t p1) {
