@@ -282,13 +282,47 @@ inline constexpr Prefetch kDecodePrefetch{2048, 0};
 
 // Rows [begin, end) of one task as decode tiles: `lanes` (4, or 3 for the widest batched tiles)
 // lanes of L = (end - begin) / lanes rows read side by side (tile i: rows begin + i + q L, q <
-// lanes; fn(n0, lanes, L)), then the rows left over as one tile of consecutive rows (fn(n0, rows,
-// 1)). fn(n0, nr, rs): rows n0 + r rs, r < nr.
+// lanes: 4 long sequential streams), then the rows left over as one tile of consecutive rows.
+// The tiles write their sums (they do not add to y) into a staging block rather than y itself:
+// tile i of a run of kStageTiles puts token t's sums at stage[t][i][row] (one 16-byte vector per
+// token, ys = 1), and every kStageTiles tiles they reach y as whole vectors per lane and token.
+// Written straight to y, a lane tile's sums landed in lanes x T lines of y, L rows apart, which the
+// weights streaming through L1 evicted before the next tile wrote the next float of each. Zen 5,
+// in-process alternating calls, bf16 from memory, 1 thread: T = 1 / 3 / 6 0.94 / 0.96 / 0.90 of the
+// time, 2048 x 1408 at T = 8 0.73; 2 threads: T = 4 0.90, the 102400 x 2048 lm_head at T = 4 0.87.
+// fn(n0, nr, rs, yp, yn): the tile of rows n0 + r rs, r < nr, whose token t, row r sum goes to
+// yp[t * yn + r]. The block (256 B a token) is on the stack up to kMaxStageTokens tokens.
+constexpr int64_t kStageTiles = 16;
+constexpr int64_t kMaxStageTokens = 16;
 template <class Fn>
-inline void lane_tiles(int64_t begin, int64_t end, Fn&& fn, int64_t lanes = 4) {
+inline void lane_tiles(int64_t begin, int64_t end, int64_t T, float* y, int64_t N, Fn&& fn, int64_t lanes = 4) {
   const int64_t L = (end - begin) / lanes;
-  for (int64_t i = 0; i < L; ++i) fn(begin + i, lanes, L);
-  if (begin + lanes * L < end) fn(begin + lanes * L, end - begin - lanes * L, int64_t{1});
+  constexpr int64_t kTokenStride = kStageTiles * 4;
+  alignas(64) float stage_block[kMaxStageTokens * kTokenStride];
+  thread_local std::vector<float> stage_big;  // exact mode's split calls run any T on these tiles
+  if (T > kMaxStageTokens) stage_big.resize(static_cast<size_t>(T * kTokenStride));
+  float* stage = T > kMaxStageTokens ? stage_big.data() : stage_block;
+  // lane q of 16 tiles: stage positions 4 i + q, i < 16, of one token's 64 floats (4 vectors)
+  // (indexes 0-7 of each pick the first 8 tiles from two vectors; the rest go unused)
+  alignas(64) static constexpr int32_t kPick[4][16] = {
+      {0, 4, 8, 12, 16, 20, 24, 28}, {1, 5, 9, 13, 17, 21, 25, 29}, {2, 6, 10, 14, 18, 22, 26, 30},
+      {3, 7, 11, 15, 19, 23, 27, 31}};
+  for (int64_t i0 = 0; i0 < L; i0 += kStageTiles) {
+    const int64_t count = std::min(kStageTiles, L - i0);
+    for (int64_t i = 0; i < count; ++i) fn(begin + i0 + i, lanes, L, stage + 4 * i, kTokenStride);
+    const __mmask16 m = static_cast<__mmask16>(tail_mask(count));
+    for (int64_t t = 0; t < T; ++t) {
+      const float* st = stage + t * kTokenStride;
+      const __m512 v0 = _mm512_loadu_ps(st), v1 = _mm512_loadu_ps(st + 16), v2 = _mm512_loadu_ps(st + 32),
+                   v3 = _mm512_loadu_ps(st + 48);
+      for (int64_t q = 0; q < lanes; ++q) {
+        const __m512i pick = _mm512_load_si512(kPick[q]);
+        const __m512 lo = _mm512_permutex2var_ps(v0, pick, v1), hi = _mm512_permutex2var_ps(v2, pick, v3);
+        _mm512_mask_storeu_ps(y + t * N + begin + q * L + i0, m, _mm512_shuffle_f32x4(lo, hi, 0x44));
+      }
+    }
+  }
+  if (begin + lanes * L < end) fn(begin + lanes * L, end - begin - lanes * L, int64_t{1}, y + begin + lanes * L, N);
 }
 
 // Writes (or adds to) the NR values v[r] at y[r * ys]: tiles of rows from lanes store their
@@ -310,7 +344,7 @@ inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 }
 
 // The epilogue of every dot-product tile (bf16, fp8, 4-bit): y[t * N + r * ys] (+)= the horizontal
-// sum of acc[r][t]. ys > 1: rows from lanes (lane_tiles). always_inline, so acc stays in the
+// sum of acc[r][t] (lane_tiles hands its tiles a staging block with ys = 1). always_inline, so acc stays in the
 // tile's registers. Every row count sums through reduce4, in the same order: which tile a row
 // lands in depends on how a call's rows are split (3 lanes of the wide tiles leave 0-2 rows over,
 // depending on the task's range), and a group of matrices must equal its separate calls bit for
@@ -339,7 +373,7 @@ __attribute__((always_inline)) inline void store_tile(const __m512 (&acc)[NR][NT
 }
 
 // acc[r][t] over K for NR weight rows (bf16, row stride ws) x NT tokens (xb rows, stride Kp);
-// writes y[t * N + r * ys] (ys > 1: rows from lanes, lane_tiles).
+// writes y[t * N + r * ys] (lane_tiles: its staging block, ys = 1).
 // kSplit: x is hi + lo (xb and xb + lo_off), two dot products per weight vector. Decode-sized
 // tiles (NT <= 2) sum the lo products in accumulators of their own: with one shared accumulator
 // per row the two products are dependent, 2 x ~6 cycles per 32 columns, which capped a 4-row T=1
@@ -466,7 +500,7 @@ void run_rows(const uint16_t* w, int64_t ws, int64_t rows, const uint16_t* xb, i
 }
 
 // fp8 rows n0 + r rs (r < NR; rs > 1: rows from lanes, lane_tiles) decoded in registers, NT <= 2
-// tokens (xp in lane-split order); writes y[t * N + r * rs]. The block scale multiplies each
+// tokens (xp in lane-split order); writes y[t * N + r] (rows in order: lane_tiles stages them). The block scale multiplies each
 // block's fp32 partial sum once (looked up per row). Each row is decoded right before
 // its dot products, so only one row's two weight vectors are live at a time: NR x NT x 2 (acc
 // and tot) + 5 (tables) + 2 x NT (x, twice when split) + 2 + temporaries must fit in 32 zmm
@@ -534,7 +568,7 @@ void tile_fp8(const WeightMatrix& w, int64_t n0, int64_t rs, const uint16_t* xp,
         tot[r][t] = _mm512_fmadd_ps(kTwoChains ? _mm512_add_ps(acc[r][t], accb[r][t]) : acc[r][t], s, tot[r][t]);
     }
   }
-  store_tile<NR, NT>(tot, y, N, rs, false);
+  store_tile<NR, NT>(tot, y, N, 1, false);  // rows in order: lane_tiles' staging
 }
 
 using Fp8TileFn = void (*)(const WeightMatrix&, int64_t, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t,
@@ -747,7 +781,7 @@ __attribute__((always_inline)) inline void for_each_q4_block(int64_t K, const ui
 
 // Exact mode (x split into bf16 hi + lo): rows n0 + r rs (r < NR; rs > 1: rows from lanes,
 // lane_tiles) of a 4-bit matrix x one token (xq: permute_x_q4's layout, row stride Kq, the lo
-// halves lo_off later); writes y[r * rs]. kBf16Scale: INT4_G32 (bf16 scales), else MXFP4 (e8m0).
+// halves lo_off later); writes y[r] (staged by lane_tiles). kBf16Scale: INT4_G32 (bf16 scales), else MXFP4 (e8m0).
 // The default precision runs tile_q4_i16 below.
 template <int NR, bool kBf16Scale>
 void tile_q4_split(const WeightMatrix& w, int64_t n0, int64_t rs, const uint16_t* xq, int64_t lo_off, int64_t Kq,
@@ -794,7 +828,7 @@ void tile_q4_split(const WeightMatrix& w, int64_t n0, int64_t rs, const uint16_t
     }
   };
   for_each_q4_block<NR>(K, rows, stride, pf, block);
-  store_tile<NR, NT>(tot, y, N, rs, false);
+  store_tile<NR, NT>(tot, y, N, 1, false);  // rows in order: lane_tiles' staging
 }
 
 // ---- 4-bit decode with 16-bit integer activations (the default precision) -------------------
@@ -933,7 +967,7 @@ void tile_q4_i16(const WeightMatrix& w, int64_t n0, int64_t rs, const int16_t* x
     }
   };
   for_each_q4_block<NR>(K, rows, stride, pf, block);
-  store_tile<NR, NT>(tot, y, N, rs, false);
+  store_tile<NR, NT>(tot, y, N, 1, false);  // rows in order: lane_tiles' staging
 }
 
 using Q4I16TileFn = void (*)(const WeightMatrix&, int64_t, int64_t, const int16_t*, const float*, int64_t, float*,
@@ -1773,15 +1807,15 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
     thread_local std::vector<uint16_t> scratch;  // [chunk_rows, Kb] dequantized rows
     if (q4) {
       // token pairs share each decoded block; split calls run token by token
-      lane_tiles(n_begin, n_end, [&](int64_t n0, int64_t nr, int64_t rs) {
+      lane_tiles(n_begin, n_end, T, y, N, [&](int64_t n0, int64_t nr, int64_t rs, float* yp, int64_t yn) {
         for (int64_t t = 0; t < T;) {
           const int64_t nt = split ? 1 : std::min<int64_t>(2, T - t);
           if (split) {
-            q4_split_tiles[nr - 1](w, n0, rs, xq4 + t * Kq, T * Kq, Kq, y + t * N + n0, N, q4_codes, kDecodePrefetch);
+            q4_split_tiles[nr - 1](w, n0, rs, xq4 + t * Kq, T * Kq, Kq, yp + t * yn, yn, q4_codes, kDecodePrefetch);
           } else {
             const __m512i& ints = int4 ? int4_ints : mxfp4_ints;
             q4_i16_tiles[nr - 1][nt - 1](w, n0, rs, xi16 + t * Kq, xs16 + t * Kq / 8, Kq,
-                                         y + t * N + n0, N, ints, kDecodePrefetch);
+                                         yp + t * yn, yn, ints, kDecodePrefetch);
           }
           t += nt;
         }
@@ -1798,10 +1832,10 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
       for (int64_t s0 = n_begin; s0 < n_end;) {
         const int64_t block = s0 / w.block_out, s1 = std::min(n_end, (block + 1) * w.block_out);
         scale_x_fp8(x, T, K, Kp, w.scale_inv + block * w.scale_cols(), w.block_in, xs);
-        lane_tiles(s0, s1, [&](int64_t n0, int64_t nr, int64_t rs) {
+        lane_tiles(s0, s1, T, y, N, [&](int64_t n0, int64_t nr, int64_t rs, float* yp, int64_t yn) {
           for (int64_t g = 0; g < groups; ++g) {
             const int64_t t0 = T * g / groups, nt = T * (g + 1) / groups - t0;
-            kFp8WideTiles[nt - 1][nr - 1](codes + n0 * K, rs * K, K, xs + t0 * Kp, Kp, y + t0 * N + n0, N, rs, tables,
+            kFp8WideTiles[nt - 1][nr - 1](codes + n0 * K, rs * K, K, xs + t0 * Kp, Kp, yp + t0 * yn, yn, 1, tables,
                                           kDecodePrefetch);
           }
         });
@@ -1810,14 +1844,14 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
       return;
     }
     if (fp8_direct) {
-      lane_tiles(n_begin, n_end, [&](int64_t n0, int64_t nr, int64_t rs) {
+      lane_tiles(n_begin, n_end, T, y, N, [&](int64_t n0, int64_t nr, int64_t rs, float* yp, int64_t yn) {
         for (int64_t t = 0; t < T; t += 2) {
           const int64_t nt = std::min<int64_t>(2, T - t);
           // split token pairs: 2-row tiles (a 4x2 split tile needs more than 32 zmm registers)
           const int64_t step = split && nt == 2 ? 2 : 4;
           for (int64_t r1 = 0; r1 < nr; r1 += step)
             kFp8Tiles[split][std::min(step, nr - r1) - 1][nt - 1](w, n0 + r1 * rs, rs, xp + t * Kp, lo_off, Kp,
-                                                                  y + t * N + n0 + r1 * rs, N, tables, kDecodePrefetch);
+                                                                  yp + t * yn + r1, yn, tables, kDecodePrefetch);
         }
       });
       return;
@@ -1827,18 +1861,18 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
       if (!split && T > 4) {
         // 5-12 tokens: one pass over the rows per group of at most 8 tokens (wide_tile), rows
         // from as many lanes as the tiles have rows
-        lane_tiles(n_begin, n_end, [&](int64_t n0, int64_t nr, int64_t rs) {
+        lane_tiles(n_begin, n_end, T, y, N, [&](int64_t n0, int64_t nr, int64_t rs, float* yp, int64_t yn) {
           wide_token_groups(T, [&](int64_t t0, int64_t nt) {
-            wide_tile(nr, nt)(wb + n0 * K, rs * K, xb + t0 * Kp, 0, Kp, K, y + t0 * N + n0, N, rs, false,
+            wide_tile(nr, nt)(wb + n0 * K, rs * K, xb + t0 * Kp, 0, Kp, K, yp + t0 * yn, yn, 1, false,
                               kDecodePrefetch);
           });
         }, wide_rows(T));
         return;
       }
-      lane_tiles(n_begin, n_end, [&](int64_t n0, int64_t nr, int64_t rs) {
+      lane_tiles(n_begin, n_end, T, y, N, [&](int64_t n0, int64_t nr, int64_t rs, float* yp, int64_t yn) {
         for (int64_t t = 0; t < T; t += 4)
           kTiles[split][nr - 1][std::min<int64_t>(4, T - t) - 1](wb + n0 * K, rs * K, xb + t * Kp, lo_off, Kp, K,
-                                                                  y + t * N + n0, N, rs, false, kDecodePrefetch);
+                                                                  yp + t * yn, yn, 1, false, kDecodePrefetch);
       });
       return;
     }
