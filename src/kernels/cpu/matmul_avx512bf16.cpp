@@ -1147,11 +1147,11 @@ void pack_x(const uint16_t* xb, int64_t T, int64_t Kp, uint32_t* xq) {
 // rounding), without the [T, Kp] bf16 copy in between. Per token tile, 32 columns at a time: each
 // token's 16 column pairs (one cvtne2ps), interleaved token by token by 18 permutes (three pairs of
 // tokens zipped, then each output vector drawn from the three zips) into 6 x 16 dwords stored
-// whole. convert_x + pack_x cost 4-11% of a panel call's time (Zen 5, 1 thread, weights in L3:
-// T = 48 on 1408 x 2048 9%, T = 512 on 2048 x 2048 11%): two passes over x and its copy, and
-// pack_x's 4-byte stores one dword at a time. Token tiles [tile0, tile1) only: calls of many tokens
-// split the tiles across the pool (at 2 threads the calling thread alone packing x had held back
-// prefill-sized calls by 5-10%).
+// whole, where convert_x + pack_x made two passes over x and its copy and pack_x stored one dword
+// at a time. Token tiles [tile0, tile1) only: calls of many tokens split the tiles across the pool
+// (before, the calling thread prepared x alone). Zen 5, in-process alternating calls against
+// convert_x + pack_x, weights in L3: 1 thread 0.96-0.99 of the time at T = 16-512; 2 threads, from
+// memory, T = 48 / 512 / 64 (2048 x 10944) 0.93 / 0.87 / 0.89.
 struct PackXPermutes {
   alignas(64) int32_t zip_lo[16], zip_hi[16];  // (a, b) -> a0 b0 a1 b1 .. a7 b7 / a8 b8 .. a15 b15
   alignas(64) int32_t pair[6][16];  // output v from zips 01 (index < 16) and 23 (index >= 16)
