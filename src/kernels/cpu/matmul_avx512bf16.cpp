@@ -621,12 +621,14 @@ void scale_x_fp8(const float* x, int64_t T, int64_t K, int64_t Kp, const float* 
   }
 }
 
-// NR fp8 rows (n0 + r rs: `codes` points at row n0, `stride` = rs K bytes) x NT tokens of xs (one
-// row block's scaled x, row stride Kp); writes y[t * N + r * ys]. Per 64 columns the NR rows are
-// decoded first (2 NR vectors), then each token's two x vectors meet all of them.
+// NR fp8 rows (n0 + r rs: `codes` points at row n0's first column of this call, `stride` = the
+// rows' distance in bytes) x NT tokens of xs (one row block's scaled x from the same column, row
+// stride Kp) over K columns; writes (or with `accumulate` adds to) y[t * N + r] (rows in order:
+// lane_tiles stages them). Per 64 columns the NR rows are decoded first (2 NR vectors), then each
+// token's two x vectors meet all of them.
 template <int NR, int NT>
 void tile_fp8_wide(const uint8_t* codes, int64_t stride, int64_t K, const uint16_t* xs, int64_t Kp, float* y,
-                   int64_t N, int64_t ys, const Fp8Tables& tables, const Prefetch& pf) {
+                   int64_t N, bool accumulate, const Fp8Tables& tables, const Prefetch& pf) {
   __m512 acc[NR][NT];
 #pragma GCC unroll 4
   for (int r = 0; r < NR; ++r)
@@ -651,11 +653,11 @@ void tile_fp8_wide(const uint8_t* codes, int64_t stride, int64_t K, const uint16
     prefetch_rows<NR>(codes + k, stride, pf);
     step(k, ~0ull);
   }
-  if (k < K) step(k, tail_mask64(K - k));  // xs is zero past K
-  store_tile<NR, NT>(acc, y, N, ys, false);
+  if (k < K) step(k, tail_mask64(K - k));  // xs is zero past the matrix's K
+  store_tile<NR, NT>(acc, y, N, 1, accumulate);
 }
 
-using Fp8WideTileFn = void (*)(const uint8_t*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t, int64_t,
+using Fp8WideTileFn = void (*)(const uint8_t*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t, bool,
                                const Fp8Tables&, const Prefetch&);
 // Tokens per pass: a call's tokens run in balanced groups of at most 4 (T = 7 as 3 + 4), each
 // group one pass of 4-row tiles over the rows (4 lanes); a tile's rows stay in L1 between its
@@ -666,6 +668,14 @@ using Fp8WideTileFn = void (*)(const uint8_t*, int64_t, int64_t, const uint16_t*
 // tiles from L3: 179 / 156). Two streams per row (each row's halves side by side) did not help
 // the 2-row tiles (T = 8: 340 us), nor did prefetch distances of 1-8 KiB.
 constexpr int64_t kFp8WideTokens = 4;
+// Calls of two or more groups whose scaled x (T x K bf16) is larger than this run the groups over
+// K in chunks of columns whose x fits it (each chunk's sums added to the last): a tile's rows of
+// codes stay in L1 between its groups only while all of x fits beside them. Zen 5, in-process
+// alternating calls, 1408 x 2048 and 3072 x 2048 (x of 24-32 KiB at T = 6-8): 2 threads T = 8
+// 1.30-1.35x the rate, T = 6 1.05-1.17x, T = 12 1.09x; 1 thread T = 8 1.34-1.39x in three runs and
+// 0.96x in a fourth, T = 5 1.21x; K = 1408 (T = 8) and 10944 (T = 6) unchanged. 4 and 8 KiB did no
+// better, and padding x's rows off 4 KiB strides added nothing.
+constexpr int64_t kFp8WideXBytes = 12 * 1024;
 // [nt - 1][nr - 1] (nt = 1 only in theory; T = 5 runs as 2 + 3)
 constexpr Fp8WideTileFn kFp8WideTiles[4][4] = {
     {&tile_fp8_wide<1, 1>, &tile_fp8_wide<2, 1>, &tile_fp8_wide<3, 1>, &tile_fp8_wide<4, 1>},
@@ -1829,15 +1839,19 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
       uint16_t* xs = xs_buf.data();
       const uint8_t* codes = static_cast<const uint8_t*>(w.data);
       const int64_t groups = (T + kFp8WideTokens - 1) / kFp8WideTokens;
+      const int64_t k_step = groups == 1 || T * K * 2 <= kFp8WideXBytes
+                                 ? K
+                                 : std::max<int64_t>(64, kFp8WideXBytes / (2 * T) / 64 * 64);
       for (int64_t s0 = n_begin; s0 < n_end;) {
         const int64_t block = s0 / w.block_out, s1 = std::min(n_end, (block + 1) * w.block_out);
         scale_x_fp8(x, T, K, Kp, w.scale_inv + block * w.scale_cols(), w.block_in, xs);
         lane_tiles(s0, s1, T, y, N, [&](int64_t n0, int64_t nr, int64_t rs, float* yp, int64_t yn) {
-          for (int64_t g = 0; g < groups; ++g) {
-            const int64_t t0 = T * g / groups, nt = T * (g + 1) / groups - t0;
-            kFp8WideTiles[nt - 1][nr - 1](codes + n0 * K, rs * K, K, xs + t0 * Kp, Kp, yp + t0 * yn, yn, 1, tables,
-                                          kDecodePrefetch);
-          }
+          for (int64_t kc = 0; kc < K; kc += k_step)
+            for (int64_t g = 0; g < groups; ++g) {
+              const int64_t t0 = T * g / groups, nt = T * (g + 1) / groups - t0;
+              kFp8WideTiles[nt - 1][nr - 1](codes + n0 * K + kc, rs * K, std::min(k_step, K - kc), xs + t0 * Kp + kc,
+                                            Kp, yp + t0 * yn, yn, kc > 0, tables, kDecodePrefetch);
+            }
         });
         s0 = s1;
       }
