@@ -674,8 +674,13 @@ constexpr int64_t kFp8WideTokens = 4;
 // alternating calls, 1408 x 2048 and 3072 x 2048 (x of 24-32 KiB at T = 6-8): 2 threads T = 8
 // 1.30-1.35x the rate, T = 6 1.05-1.17x, T = 12 1.09x; 1 thread T = 8 1.34-1.39x in three runs and
 // 0.96x in a fourth, T = 5 1.21x; K = 1408 (T = 8) and 10944 (T = 6) unchanged. 4 and 8 KiB did no
-// better, and padding x's rows off 4 KiB strides added nothing.
+// better, and padding x's rows off 4 KiB strides added nothing. Only where K <= kFp8WideChunkMaxK
+// and the chunks are at least kFp8WideMinChunk columns: 2048 x 10944 at 2 threads ran T = 6 / 8 /
+// 12 at 0.95 / 0.83 / 0.78x the rate chunked, and T = 16 (chunks of 384) at 0.72x; 2048 x 2048 at
+// T = 16 0.99x.
 constexpr int64_t kFp8WideXBytes = 12 * 1024;
+constexpr int64_t kFp8WideChunkMaxK = 4096;
+constexpr int64_t kFp8WideMinChunk = 512;
 // [nt - 1][nr - 1] (nt = 1 only in theory; T = 5 runs as 2 + 3)
 constexpr Fp8WideTileFn kFp8WideTiles[4][4] = {
     {&tile_fp8_wide<1, 1>, &tile_fp8_wide<2, 1>, &tile_fp8_wide<3, 1>, &tile_fp8_wide<4, 1>},
@@ -1839,9 +1844,10 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
       uint16_t* xs = xs_buf.data();
       const uint8_t* codes = static_cast<const uint8_t*>(w.data);
       const int64_t groups = (T + kFp8WideTokens - 1) / kFp8WideTokens;
-      const int64_t k_step = groups == 1 || T * K * 2 <= kFp8WideXBytes
-                                 ? K
-                                 : std::max<int64_t>(64, kFp8WideXBytes / (2 * T) / 64 * 64);
+      const int64_t x_step = kFp8WideXBytes / (2 * T) / 64 * 64;  // columns whose x fits kFp8WideXBytes
+      const bool chunked = groups > 1 && T * K * 2 > kFp8WideXBytes && K <= kFp8WideChunkMaxK &&
+                           x_step >= kFp8WideMinChunk;
+      const int64_t k_step = chunked ? x_step : K;
       for (int64_t s0 = n_begin; s0 < n_end;) {
         const int64_t block = s0 / w.block_out, s1 = std::min(n_end, (block + 1) * w.block_out);
         scale_x_fp8(x, T, K, Kp, w.scale_inv + block * w.scale_cols(), w.block_in, xs);
