@@ -7,8 +7,8 @@
 //
 // - The fp32 activations are converted to bf16 once per call (x_bf16: [T, Kp], Kp = K rounded up
 //   to 64, zero padded; calls on packed panels round them straight into the panels' token-tile
-//   layout instead, pack_x_f32), so the inner loop is vdpbf16ps (fp32 accumulate): normalized error ~4e-3,
-//   as llama.cpp and GPU engines run. Calls of at most MatmulPrecision::split_max_tokens (0 by
+//   layout instead, pack_x_f32), so the inner loop is vdpbf16ps (fp32 accumulate): normalized
+//   error ~4e-3, as llama.cpp and GPU engines run. Calls of at most MatmulPrecision::split_max_tokens (0 by
 //   default; every call in exact mode) split x into bf16 hi + lo instead and each weight vector
 //   takes two dot products: as accurate as fp32 FMAs, at half the dot-product rate, and not free
 //   even in decode (kernel_types.h has the measurement).
@@ -285,7 +285,7 @@ inline constexpr Prefetch kDecodePrefetch{2048, 0};
 // lanes: 4 long sequential streams), then the rows left over as one tile of consecutive rows.
 // The tiles write their sums (they do not add to y) into a staging block rather than y itself:
 // tile i of a run of kStageTiles puts token t's sums at stage[t][i][row] (one 16-byte vector per
-// token, ys = 1), and every kStageTiles tiles they reach y as whole vectors per lane and token.
+// token), and every kStageTiles tiles they reach y as whole vectors per lane and token.
 // Written straight to y, a lane tile's sums landed in lanes x T lines of y, L rows apart, which the
 // weights streaming through L1 evicted before the next tile wrote the next float of each. Zen 5,
 // in-process alternating calls, bf16 from memory, 1 thread: T = 1 / 3 / 6 0.94 / 0.96 / 0.90 of the
@@ -325,12 +325,11 @@ inline void lane_tiles(int64_t begin, int64_t end, int64_t T, float* y, int64_t 
   if (begin + lanes * L < end) fn(begin + lanes * L, end - begin - lanes * L, int64_t{1}, y + begin + lanes * L, N);
 }
 
-// Writes (or adds to) the NR values v[r] at y[r * ys]: tiles of rows from lanes store their
-// sums ys apart.
+// Writes (or adds to) the NR values v[r] at y[r].
 template <int NR>
-__attribute__((always_inline)) inline void store_rows(const float* v, float* y, int64_t ys, bool accumulate) {
+__attribute__((always_inline)) inline void store_rows(const float* v, float* y, bool accumulate) {
 #pragma GCC unroll 4
-  for (int r = 0; r < NR; ++r) y[r * ys] = (accumulate ? y[r * ys] : 0.0f) + v[r];
+  for (int r = 0; r < NR; ++r) y[r] = (accumulate ? y[r] : 0.0f) + v[r];
 }
 
 // The four horizontal sums of a0..a3 as one vector {sum a0, sum a1, sum a2, sum a3}: 13 shuffles
@@ -343,37 +342,32 @@ inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-// The epilogue of every dot-product tile (bf16, fp8, 4-bit): y[t * N + r * ys] (+)= the horizontal
-// sum of acc[r][t] (lane_tiles hands its tiles a staging block with ys = 1). always_inline, so acc stays in the
-// tile's registers. Every row count sums through reduce4, in the same order: which tile a row
-// lands in depends on how a call's rows are split (3 lanes of the wide tiles leave 0-2 rows over,
-// depending on the task's range), and a group of matrices must equal its separate calls bit for
-// bit (_mm512_reduce_add_ps, which the 1-3 row tiles used, adds the lanes in another order).
+// The epilogue of every dot-product tile (bf16, fp8, 4-bit): y[t * N + r] (+)= the horizontal sum
+// of acc[r][t] (a tile's rows are in order in y: lane_tiles hands the tiles of rows from lanes a
+// staging block). always_inline, so acc stays in the tile's registers. Every row count sums
+// through reduce4, in the same order: which tile a row lands in depends on how a call's rows are
+// split (3 lanes of the wide tiles leave 0-2 rows over, depending on the task's range), and a
+// group of matrices must equal its separate calls bit for bit (_mm512_reduce_add_ps, which the
+// 1-3 row tiles used, adds the lanes in another order).
 template <int NR, int NT>
-__attribute__((always_inline)) inline void store_tile(const __m512 (&acc)[NR][NT], float* y, int64_t N, int64_t ys,
+__attribute__((always_inline)) inline void store_tile(const __m512 (&acc)[NR][NT], float* y, int64_t N,
                                                       bool accumulate) {
 #pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) {
     if constexpr (NR == 4) {
       __m128 v = reduce4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
-      if (ys == 1) {
-        if (accumulate) v = _mm_add_ps(v, _mm_loadu_ps(y + t * N));
-        _mm_storeu_ps(y + t * N, v);
-      } else {
-        alignas(16) float sums[4];
-        _mm_store_ps(sums, v);
-        store_rows<4>(sums, y + t * N, ys, accumulate);
-      }
+      if (accumulate) v = _mm_add_ps(v, _mm_loadu_ps(y + t * N));
+      _mm_storeu_ps(y + t * N, v);
     } else {  // 1-3 rows: the first NR sums of one reduce4
       alignas(16) float sums[4];
       _mm_store_ps(sums, reduce4(acc[0][t], acc[NR > 1 ? 1 : 0][t], acc[NR > 2 ? 2 : 0][t], acc[0][t]));
-      store_rows<NR>(sums, y + t * N, ys, accumulate);
+      store_rows<NR>(sums, y + t * N, accumulate);
     }
   }
 }
 
 // acc[r][t] over K for NR weight rows (bf16, row stride ws) x NT tokens (xb rows, stride Kp);
-// writes y[t * N + r * ys] (lane_tiles: its staging block, ys = 1).
+// writes y[t * N + r].
 // kSplit: x is hi + lo (xb and xb + lo_off), two dot products per weight vector. Decode-sized
 // tiles (NT <= 2) sum the lo products in accumulators of their own: with one shared accumulator
 // per row the two products are dependent, 2 x ~6 cycles per 32 columns, which capped a 4-row T=1
@@ -386,7 +380,7 @@ __attribute__((always_inline)) inline void store_tile(const __m512 (&acc)[NR][NT
 // on Zen 5). tests/ops/no_spill_test.cpp disassembles these tiles and fails on such code.
 template <int NR, int NT, bool kSplit>
 void tile_bf16(const uint16_t* w, int64_t ws, const uint16_t* xb, int64_t lo_off, int64_t Kp, int64_t K, float* y,
-               int64_t N, int64_t ys, bool accumulate, const Prefetch& pf) {
+               int64_t N, bool accumulate, const Prefetch& pf) {
   constexpr bool kLoAcc = kSplit && NT <= 2;
   __m512 acc[NR][NT], lo[NR][kLoAcc ? NT : 1];
 #pragma GCC unroll 4
@@ -435,11 +429,11 @@ void tile_bf16(const uint16_t* w, int64_t ws, const uint16_t* xb, int64_t lo_off
 #pragma GCC unroll 2
       for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_add_ps(acc[r][t], lo[r][t]);
   }
-  store_tile<NR, NT>(acc, y, N, ys, accumulate);
+  store_tile<NR, NT>(acc, y, N, accumulate);
 }
 
-using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, int64_t, float*, int64_t, int64_t,
-                        bool, const Prefetch&);
+using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, int64_t, float*, int64_t, bool,
+                        const Prefetch&);
 template <int NR, bool S>
 constexpr TileFn kTileRow[4] = {&tile_bf16<NR, 1, S>, &tile_bf16<NR, 2, S>, &tile_bf16<NR, 3, S>, &tile_bf16<NR, 4, S>};
 constexpr const TileFn* kTiles[2][4] = {{kTileRow<1, false>, kTileRow<2, false>, kTileRow<3, false>, kTileRow<4, false>},
@@ -484,7 +478,7 @@ void run_rows(const uint16_t* w, int64_t ws, int64_t rows, const uint16_t* xb, i
     wide_token_groups(T, [&](int64_t t0, int64_t nt) {
       for (int64_t r0 = 0; r0 < rows; r0 += step_rows) {
         const int64_t nr = std::min<int64_t>(step_rows, rows - r0);
-        wide_tile(nr, nt)(w + r0 * ws, ws, xb + t0 * Kp, 0, Kp, K, y + t0 * N + r0, N, 1, accumulate, Prefetch{0, 0});
+        wide_tile(nr, nt)(w + r0 * ws, ws, xb + t0 * Kp, 0, Kp, K, y + t0 * N + r0, N, accumulate, Prefetch{0, 0});
       }
     });
     return;
@@ -493,14 +487,14 @@ void run_rows(const uint16_t* w, int64_t ws, int64_t rows, const uint16_t* xb, i
     const int64_t nt = std::min<int64_t>(4, T - t0);
     for (int64_t r0 = 0; r0 < rows; r0 += 4) {
       const int64_t nr = std::min<int64_t>(4, rows - r0);
-      kTiles[lo_off > 0][nr - 1][nt - 1](w + r0 * ws, ws, xb + t0 * Kp, lo_off, Kp, K, y + t0 * N + r0, N, 1,
+      kTiles[lo_off > 0][nr - 1][nt - 1](w + r0 * ws, ws, xb + t0 * Kp, lo_off, Kp, K, y + t0 * N + r0, N,
                                          accumulate, Prefetch{0, 0});
     }
   }
 }
 
 // fp8 rows n0 + r rs (r < NR; rs > 1: rows from lanes, lane_tiles) decoded in registers, NT <= 2
-// tokens (xp in lane-split order); writes y[t * N + r] (rows in order: lane_tiles stages them). The block scale multiplies each
+// tokens (xp in lane-split order); writes y[t * N + r]. The block scale multiplies each
 // block's fp32 partial sum once (looked up per row). Each row is decoded right before
 // its dot products, so only one row's two weight vectors are live at a time: NR x NT x 2 (acc
 // and tot) + 5 (tables) + 2 x NT (x, twice when split) + 2 + temporaries must fit in 32 zmm
@@ -568,7 +562,7 @@ void tile_fp8(const WeightMatrix& w, int64_t n0, int64_t rs, const uint16_t* xp,
         tot[r][t] = _mm512_fmadd_ps(kTwoChains ? _mm512_add_ps(acc[r][t], accb[r][t]) : acc[r][t], s, tot[r][t]);
     }
   }
-  store_tile<NR, NT>(tot, y, N, 1, false);  // rows in order: lane_tiles' staging
+  store_tile<NR, NT>(tot, y, N, false);
 }
 
 using Fp8TileFn = void (*)(const WeightMatrix&, int64_t, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t,
@@ -654,7 +648,7 @@ void tile_fp8_wide(const uint8_t* codes, int64_t stride, int64_t K, const uint16
     step(k, ~0ull);
   }
   if (k < K) step(k, tail_mask64(K - k));  // xs is zero past the matrix's K
-  store_tile<NR, NT>(acc, y, N, 1, accumulate);
+  store_tile<NR, NT>(acc, y, N, accumulate);
 }
 
 using Fp8WideTileFn = void (*)(const uint8_t*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t, bool,
@@ -796,7 +790,7 @@ __attribute__((always_inline)) inline void for_each_q4_block(int64_t K, const ui
 
 // Exact mode (x split into bf16 hi + lo): rows n0 + r rs (r < NR; rs > 1: rows from lanes,
 // lane_tiles) of a 4-bit matrix x one token (xq: permute_x_q4's layout, row stride Kq, the lo
-// halves lo_off later); writes y[r] (staged by lane_tiles). kBf16Scale: INT4_G32 (bf16 scales), else MXFP4 (e8m0).
+// halves lo_off later); writes y[r]. kBf16Scale: INT4_G32 (bf16 scales), else MXFP4 (e8m0).
 // The default precision runs tile_q4_i16 below.
 template <int NR, bool kBf16Scale>
 void tile_q4_split(const WeightMatrix& w, int64_t n0, int64_t rs, const uint16_t* xq, int64_t lo_off, int64_t Kq,
@@ -843,7 +837,7 @@ void tile_q4_split(const WeightMatrix& w, int64_t n0, int64_t rs, const uint16_t
     }
   };
   for_each_q4_block<NR>(K, rows, stride, pf, block);
-  store_tile<NR, NT>(tot, y, N, 1, false);  // rows in order: lane_tiles' staging
+  store_tile<NR, NT>(tot, y, N, false);
 }
 
 // ---- 4-bit decode with 16-bit integer activations (the default precision) -------------------
@@ -982,7 +976,7 @@ void tile_q4_i16(const WeightMatrix& w, int64_t n0, int64_t rs, const int16_t* x
     }
   };
   for_each_q4_block<NR>(K, rows, stride, pf, block);
-  store_tile<NR, NT>(tot, y, N, 1, false);  // rows in order: lane_tiles' staging
+  store_tile<NR, NT>(tot, y, N, false);
 }
 
 using Q4I16TileFn = void (*)(const WeightMatrix&, int64_t, int64_t, const int16_t*, const float*, int64_t, float*,
@@ -1883,7 +1877,7 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
         // from as many lanes as the tiles have rows
         lane_tiles(n_begin, n_end, T, y, N, [&](int64_t n0, int64_t nr, int64_t rs, float* yp, int64_t yn) {
           wide_token_groups(T, [&](int64_t t0, int64_t nt) {
-            wide_tile(nr, nt)(wb + n0 * K, rs * K, xb + t0 * Kp, 0, Kp, K, yp + t0 * yn, yn, 1, false,
+            wide_tile(nr, nt)(wb + n0 * K, rs * K, xb + t0 * Kp, 0, Kp, K, yp + t0 * yn, yn, false,
                               kDecodePrefetch);
           });
         }, wide_rows(T));
@@ -1892,7 +1886,7 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
       lane_tiles(n_begin, n_end, T, y, N, [&](int64_t n0, int64_t nr, int64_t rs, float* yp, int64_t yn) {
         for (int64_t t = 0; t < T; t += 4)
           kTiles[split][nr - 1][std::min<int64_t>(4, T - t) - 1](wb + n0 * K, rs * K, xb + t * Kp, lo_off, Kp, K,
-                                                                  yp + t * yn, yn, 1, false, kDecodePrefetch);
+                                                                  yp + t * yn, yn, false, kDecodePrefetch);
       });
       return;
     }
