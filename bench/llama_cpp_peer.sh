@@ -87,7 +87,8 @@ gguf_for() {
   fi
 }
 
-# results: lines "<kind> <engine> <threads> <prefill tok/s> <prefill sd> <decode tok/s> <decode sd>"
+# results: lines "<kind> <engine> <threads> <prefill tok/s> <prefill sd> <decode tok/s> <decode sd> <prefill %>
+# <decode %>" (the last two: moat's share of its roofline, "-" for llama.cpp)
 results="$log_dir/results"
 : >"$results"
 run_pair() {  # run_pair KIND CHECKPOINT GGUF
@@ -112,7 +113,12 @@ if not pre or not dec or pre.group(1) != p:
 # the range of the repetitions, as llama.cpp's cells show theirs (weights mmapped: model_bench's default)
 spread = re.search(r"median of \d+ repetitions: prefill ([\d.]+-[\d.]+) tok/s, decode ([\d.]+-[\d.]+) tok/s", text)
 pre_sd, dec_sd = (spread.group(1) + ",mmap", spread.group(2) + ",mmap") if spread else ("-", "-")
-print(kind, "moat", t, pre.group(2), pre_sd, dec.group(1), dec_sd)
+# moat's share of its own roofline in the same process: prefill against the matmul peak (or the
+# weights' bytes, whichever bounds it), decode against the bandwidth probes around the repetitions
+pre_pct = re.search(r"prefill \d+ tokens: [\d.]+ tok/s, roofline [\d.]+ tok/s \((\d+)%", text)
+dec_pct = re.search(r"decode: [\d.]+ tok/s, roofline [\d.]+ tok/s \((\d+)%", text)
+print(kind, "moat", t, pre.group(2), pre_sd, dec.group(1), dec_sd,
+      pre_pct.group(1) if pre_pct else "-", dec_pct.group(1) if dec_pct else "-")
 PY
     echo "peer: $kind, $t thread(s): llama-bench" >&2
     # shellcheck disable=SC2086
@@ -142,7 +148,7 @@ pp, tg = best(pp), best(tg)
 def cell(r):  # median, spread (min-max) and the load mode it ran under
     s = r["samples_ts"]
     return f"{statistics.median(s)} {min(s):.1f}-{max(s):.1f},{r.get('load_mode', '?')}"
-print(kind, "llama", t, *cell(pp).split(" "), *cell(tg).split(" "))
+print(kind, "llama", t, *cell(pp).split(" "), *cell(tg).split(" "), "-", "-")
 r = rows[0]
 with open(build, "w") as f:
     json.dump({k: r.get(k) for k in ("build_commit", "build_number", "cpu_info", "backends", "n_batch", "n_ubatch",
@@ -186,8 +192,8 @@ import json, sys
 results, build, threads, p, n, reps, bf16_model, fp8_model, version, ggml_version, commit, lb_args, moat_args, load_modes, tool, fp8_args = sys.argv[1:17]
 r = {}
 for line in open(results):
-    kind, engine, t, pre, pre_sd, dec, dec_sd = line.split()
-    r[kind, engine, int(t)] = (float(pre), pre_sd, float(dec), dec_sd)
+    kind, engine, t, pre, pre_sd, dec, dec_sd, pre_pct, dec_pct = line.split()
+    r[kind, engine, int(t)] = (float(pre), pre_sd, float(dec), dec_sd, pre_pct, dec_pct)
 b = json.load(open(build))
 threads = [int(t) for t in threads.split(",")]
 label = {"bf16": "bf16", "fp8": "FP8 (moat) vs Q8_0 (llama.cpp)"}
@@ -196,16 +202,17 @@ def cell(v, sd):  # sd: "-" (one measurement) or "min-max,load mode" (the median
         return f"{v:.1f}"
     spread, mode = sd.split(",")
     return f"{v:.1f} ({spread}, {mode})"
-print("| measure | moat tok/s | llama.cpp tok/s | moat / llama.cpp |")
-print("|---|---|---|---|")
+print("| measure | moat tok/s | llama.cpp tok/s | moat / llama.cpp | moat, % of its roofline |")
+print("|---|---|---|---|---|")
 for kind in ("bf16", "fp8"):
-    for what, i in ((f"prefill {p} tokens", 0), (f"decode {n} tokens", 2)):
+    for what, i, pct in ((f"prefill {p} tokens", 0, 4), (f"decode {n} tokens", 2, 5)):
         for t in threads:
             m, l = r.get((kind, "moat", t)), r.get((kind, "llama", t))
             if not m or not l:
                 continue
             th = "thread" if t == 1 else "threads"
-            print(f"| {label[kind]} {what}, {t} {th} | {cell(m[i], m[i + 1])} | {cell(l[i], l[i + 1])} | {m[i] / l[i]:.2f} |")
+            share = f"{m[pct]}%" if m[pct] != "-" else "-"
+            print(f"| {label[kind]} {what}, {t} {th} | {cell(m[i], m[i + 1])} | {cell(l[i], l[i + 1])} | {m[i] / l[i]:.2f} | {share} |")
 print()
 commit = commit or (b.get("build_commit") or "?")
 fa = {-1: "auto", 0: "off", 1: "on"}.get(b.get("flash_attn"), b.get("flash_attn"))

@@ -431,6 +431,9 @@ peer_section() {
     echo "the better one: the median of its repetitions, their range and the load mode; moat's rows are the median and range"
     echo "of as many repetitions in one process (model_bench --repetitions). Both engines' files are dropped"
     echo "from the page cache first (with the GGUF in 4 KiB pages, llama.cpp's mmap decode ran at half speed here)."
+    echo "The last column is moat's median against its own roofline, measured by model_bench in the same process: prefill"
+    echo "against the matmul peak probe (vdpbf16ps chains; or the weights' bytes, whichever bounds it), decode against the"
+    echo "one-pass bandwidth probes of the weights' memory read around the repetitions (issue 12's target: 80%)."
     echo
     echo "$peer_rows"
     echo
