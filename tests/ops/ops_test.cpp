@@ -124,7 +124,7 @@ TEST(OpsMatmul, EveryHostKernelMatchesReference) {
   // 70 x 2100: a panel of 64 rows and one of 6, and column blocks of 256 past a K of 2048 (the packed
   // kernel for T > split_max_tokens)
   // 37 x 256: whole 32-column steps with a ragged last 16-row strip (AMX's weights-as-A path, T <= 48)
-  // 100 x 3200 at T = 512 alone: x past 6 MiB, so the 512-bit packed GEMM packs 16 panels per
+  // 100 x 3200 at T = 512 alone: x past 6 MiB, so the packed GEMMs (ymm and 512-bit) pack up to 16 panels per
   // chunk (6 whole and a ragged one here)
   const Shape shapes[] = {{1, 1},       {5, 7},    {37, 200}, {37, 256},  {130, 300},
                           {64, 2048},   {260, 129}, {9, 4200}, {70, 2100}, {100, 3200}};

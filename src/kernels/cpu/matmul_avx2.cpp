@@ -32,6 +32,7 @@
 // NaN codes of fp8 (0x7f, 0xff) decode to +-480 here (the exponent trick has no NaN); a checkpoint
 // holding NaN weights is broken either way.
 #include <immintrin.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -1086,13 +1087,28 @@ struct PackedArgs {
 };
 
 // x re-streams once per chunk of panels, from L3 or memory once it outgrows the L2: calls whose x
-// passes this pack 16 panels at a time on the 512-bit kernel (256 KiB, half the L2 of any AVX-512
-// core: 1-2 MiB on servers, 512 KiB on Ice Lake clients), a quarter of the passes over x. Zen 5, 1
-// thread, alternating calls, 16 panels' time over 4's: x of 3.7 MiB (2048 x 7168, T = 128) 1.06,
-// 4.2 (K = 2048, T = 512) 0.99-1.04, 7.3 0.91, 8.4 0.94, 14.7 0.83, 22 (K = 10944, T = 512) 0.76
-// (2 threads 0.76); fp8 2048 x 2048 at T = 24 1.08.
+// passes this pack more panels at a time (large_chunk_panels), a quarter of the passes over x.
+// 512-bit kernel, Zen 5, 1 thread, alternating calls, 16 panels' time over 4's: x of 3.7 MiB
+// (2048 x 7168, T = 128) 1.06, 4.2 (K = 2048, T = 512) 0.99-1.04, 7.3 0.91, 8.4 0.94, 14.7 0.83,
+// 22 (K = 10944, T = 512) 0.76 (2 threads 0.76); fp8 2048 x 2048 at T = 24 1.08. The ymm kernel
+// (AVX2 CPUs) had kept 4 panels: with 16 (2026-12-05, Zen 5 with AVX-512 taken away, in-process
+// A/B) 2048 x 10944 at T = 512 ran 77 -> 92 GFLOPS at 1 thread (86% of the ymm FMA peak; 8 panels
+// 87, 32 95) and 122 -> 151 at 2, fp8 2048 x 7168 at T = 256 77 -> 93 and 128 -> 158.
 constexpr int64_t kWideChunkMinXBytes = int64_t{6} << 20;
-constexpr int64_t kWidePanelsPerLargeChunk = 16;
+
+// Panels a large-x call packs per k block: half the core's L2 (sysconf's, from CPUID), at most 16
+// (256 KiB: the 512-bit kernel's measured setting; 32 gained 1-4% more on Zen 5's 1 MiB) and at
+// least kPanelsPerChunk. 16 on Zen 2-5 and Ice Lake or newer, 8 on the 256 KiB L2 of Haswell to
+// Skylake clients, where 16 panels would evict x's block between its panels; 8 when unknown.
+int64_t large_chunk_panels() {
+  static const int64_t panels = [] {
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    const int64_t panel_bytes = kKC * kNR * static_cast<int64_t>(sizeof(float));
+    const int64_t fit = l2 > 0 ? static_cast<int64_t>(l2) / 2 / panel_bytes : 8;
+    return std::clamp<int64_t>(fit, kPanelsPerChunk, 16);
+  }();
+  return panels;
+}
 
 // ---- the packed GEMM on 512-bit FMAs (AVX-512F CPUs without BF16 dot products) ----------------
 // Skylake-SP to Ice Lake servers (and Zen 4 / 5 asked for fp32 weights) run two 512-bit FMA pipes
@@ -1289,8 +1305,7 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
     for (int64_t i = 0; i < count; ++i) {
       const int64_t lo = std::max(c0, first[i]), hi = std::min(c1, first[i + 1]);
       if (lo >= hi) continue;
-      const PackedArgs a{ws[i], xpp, T, ys[i], wide && T * K * 4 > kWideChunkMinXBytes ? kWidePanelsPerLargeChunk
-                                                                                     : kPanelsPerChunk};
+      const PackedArgs a{ws[i], xpp, T, ys[i], T * K * 4 > kWideChunkMinXBytes ? large_chunk_panels() : kPanelsPerChunk};
       (wide ? &run_packed<true> : &run_packed<false>)(a, (lo - first[i]) * chunk_cols,
                                                       std::min(ws[i]->out_features, (hi - first[i]) * chunk_cols));
     }
