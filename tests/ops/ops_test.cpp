@@ -156,6 +156,33 @@ TEST(OpsMatmul, EveryHostKernelMatchesReference) {
   }
 }
 
+// Calls whose packed x passes 6 MiB pack up to 16 panels per k block (large_chunk_panels in
+// matmul_avx2.cpp; AMX and AVX-512 BF16 have their own chunking). On one thread one task holds
+// every column, so 300 rows run as a group of 16 panels, then 2 whole panels and a ragged one of
+// 12 rows: on more threads the tasks' column ranges would be too short to fill a group.
+TEST(OpsMatmul, LargeActivationCallsPackManyPanelsPerBlock) {
+  std::mt19937 rng(5);
+  constexpr int64_t N = 300, K = 3200, T = 512;  // x: 6.25 MiB of fp32
+  ThreadPool pool(1);
+  ScopedThreadPool scope(pool);
+  for (DType dtype : {DType::BF16, DType::F8_E4M3}) {
+    const auto kernels = host_kernels(OpId::matmul, OpShape{.weight_dtype = dtype});
+    TestWeight tw = make_weight(dtype, N, K, rng);
+    const auto x = randn(static_cast<size_t>(T * K), rng);
+    std::vector<float> ref(static_cast<size_t>(T * N));
+    fn_of<MatmulFn>(kernels[0])(x.data(), T, tw.w, ref.data(), MatmulPrecision::exact());
+    for (const KernelEntry* k : kernels)
+      for (bool exact : {false, true}) {
+        const MatmulPrecision precision = exact ? MatmulPrecision::exact() : MatmulPrecision{};
+        std::vector<float> out(ref.size(), NAN);
+        fn_of<MatmulFn>(k)(x.data(), T, tw.w, out.data(), precision);
+        EXPECT_LE(normalized_error(out, ref),
+                  matmul_tolerance(k, dtype, T, precision.split_max_tokens, precision.fp8_split))
+            << k->name << " " << dtype_name(dtype) << " exact=" << exact;
+      }
+  }
+}
+
 // Batched decode's calls of 3-17 tokens (x rounded to bf16) against the reference, at every T of
 // the range: on AVX-512 BF16 bf16 runs 5-12 as groups of up to 8 tokens, one pass over the rows
 // each (4 rows x 5-6 tokens from 4 lanes, 3 x 7-8 from 3; T = 9 as 5 + 4, T = 12 as 6 + 6), then
