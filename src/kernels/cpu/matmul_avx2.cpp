@@ -1094,7 +1094,7 @@ struct PackedArgs {
 // (AVX2 CPUs) had kept 4 panels: with 16 (2026-12-05, Zen 5 with AVX-512 taken away, in-process
 // A/B) 2048 x 10944 at T = 512 ran 77 -> 92 GFLOPS at 1 thread (86% of the ymm FMA peak; 8 panels
 // 87, 32 95) and 122 -> 151 at 2, fp8 2048 x 7168 at T = 256 77 -> 93 and 128 -> 158.
-constexpr int64_t kWideChunkMinXBytes = int64_t{6} << 20;
+constexpr int64_t kLargeChunkMinXBytes = int64_t{6} << 20;
 
 // Panels a large-x call packs per k block: half the core's L2 (sysconf's, from CPUID), at most 16
 // (256 KiB: the 512-bit kernel's measured setting; 32 gained 1-4% more on Zen 5's 1 MiB) and at
@@ -1305,7 +1305,7 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
     for (int64_t i = 0; i < count; ++i) {
       const int64_t lo = std::max(c0, first[i]), hi = std::min(c1, first[i + 1]);
       if (lo >= hi) continue;
-      const PackedArgs a{ws[i], xpp, T, ys[i], T * K * 4 > kWideChunkMinXBytes ? large_chunk_panels() : kPanelsPerChunk};
+      const PackedArgs a{ws[i], xpp, T, ys[i], T * K * 4 > kLargeChunkMinXBytes ? large_chunk_panels() : kPanelsPerChunk};
       (wide ? &run_packed<true> : &run_packed<false>)(a, (lo - first[i]) * chunk_cols,
                                                       std::min(ws[i]->out_features, (hi - first[i]) * chunk_cols));
     }
