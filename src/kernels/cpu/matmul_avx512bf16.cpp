@@ -128,18 +128,42 @@ constexpr int64_t kF16DirectMaxTokens = 4;
 // 2 threads); INT4 0.66 / 0.81 / 0.95 / 1.29 at 7 / 10 / 12 / 16. fp8 again after its panels'
 // dequantization got faster (table decode, codes prefetched; 1408 x 2048, 1 and 2 threads, tiles'
 // time / panels'): 0.86 at T = 6, 1.04-1.06 at 7, 1.14-1.15 at 8, 1.40-1.42 at 10.
-constexpr int64_t kAmxBf16DirectMaxTokens = 6;
-constexpr int64_t kAmxFp8DirectMaxTokens = 6;
+// Again on an Emerald Rapids-class Xeon VM (2026-12-05, 300 MiB L3, ~14 GB/s a core; decode tiles
+// and AMX calls alternating in one process, weights from memory, median of 11, tiles' time /
+// AMX's; bf16 on the strips below, fp8 on the panels): bf16 T = 5 0.97-1.03 (1 thread), 1.10 (2),
+// T = 6 1.22-1.23 (1), 1.02-1.20 (2), T = 7 1.28 / 1.41; fp8 (1408 x 2048, 2048 x 1408) T = 7
+// 1.00 / 0.85, T = 8 0.89-0.90 / 0.92-0.98, T = 9 1.26 / 1.05, T = 10 1.21-1.38 / 1.20-1.29
+// (1 / 2 threads): bf16's tiles keep T <= 5 and fp8's T <= 8.
+constexpr int64_t kAmxBf16DirectMaxTokens = 5;
+constexpr int64_t kAmxFp8DirectMaxTokens = 8;
 constexpr int64_t kAmxQ4DirectMaxTokens = 11;
 // bf16 calls of up to this many tokens on AMX read the weights as A tiles in place (amx_strip_tiles),
 // longer ones run on packed panels.
 constexpr int64_t kAmxStripMaxTokens = 48;
+// fp8 calls of up to this many tokens on AMX run on strips too: each 16-row strip dequantized to
+// bf16 rows (dequantize_rows, into L2) that the tiles read as A, so the weights are decoded but
+// never transposed; the panels decode and then transpose every weight. Same VM as below,
+// alternating in one process, weights from memory, strips' rate / panels' (1 / 2 threads, 1408 x
+// 2048 unless said): T = 10 (2048 x 2048) 1.19 / 1.39, T = 16 1.18 / 1.34, T = 32 1.35 / 1.33,
+// T = 48 1.05 / 1.07 (2048 x 1408 1.04 / 1.35), T = 64 0.99-1.09 / 1.12-1.13, T = 80 1.00-1.09 /
+// 0.87-1.10, T = 128 0.98-1.36 / 1.08-1.10, T = 256 0.93 / 1.18, T = 512 (2048 x 2048) 0.84 / 1.11.
+// Results are bitwise those of the panels (same bf16 weights, same order of the sums).
+constexpr int64_t kAmxFp8StripMaxTokens = 128;
 // Narrow bf16 matrices: at most this many columns (a strip <= 8 KiB, rows sharing 4 KiB pages).
 // Their strips prefetch the next strip into L1 while they compute: the hardware prefetcher did not
 // follow their row-interleaved reads. Xeon VM, 1 thread, 2048 x 256, T = 1-3: 103-129 -> 81-87 us from memory,
 // 384 x 256 in L3 11 -> 8 us; at K = 1024-2048 the same prefetches cost 15-60% (each row is its
 // own stream there, which the hardware follows), into L2 as well.
 constexpr int64_t kAmxNarrowMaxK = 256;
+// Wider strips of rows up to this many columns bring the next strip into L2 while they compute,
+// the lines under the columns each step reads, where the matrix is too large to stay in cache.
+// The hardware prefetcher follows a strip's 16 rows poorly when rows end mid-page (same VM as the
+// crossovers above, from memory, alternating, median of 11, 1 / 2 threads): 2048 x 1408 T = 8
+// 1.23x / 1.16x the rate, T = 24 1.47x / 1.53x, T = 40 1.07x / 1.60x; 1408 x 2048 1.00-1.06x /
+// 0.90-1.07x, 2048 x 2048 1.01-1.09x / 1.04-1.06x; rows of 21 KiB (K = 10944) lost (0.94x at 2
+// threads: long rows are streams the hardware follows), and a 1 MiB matrix in L2 lost ~10%.
+constexpr int64_t kAmxStripPrefetchMaxK = 2048;
+constexpr int64_t kAmxStripPrefetchMinBytes = 4 << 20;
 // Such narrow bf16 matrices leave the decode tiles from 5 tokens. The strips run flat from T = 2 to
 // 6 (2048 x 256, 1 thread, us per call: in L3 35-38 against the tiles' 36 / 51 / 52 / 67 / 76 at
 // T = 2..6; from memory 76-82 against 63 / 82 / 85 / 80 / 86), but in a model at 2 threads the
@@ -1515,9 +1539,15 @@ __attribute__((noinline)) void amx_strip_tiles(const uint16_t* wrow, int64_t ws,
   const int64_t wstride = ws * 2, block = (Kx / 2) * kAmxTokens;  // uint32 per token block
   for (int64_t s = 0; s < steps; s += 2) {
     const uint32_t* b = xv + s * 16 * kAmxTokens;
-    if (next) {  // this iteration's share of the next strip's lines
+    if (next && ws <= kAmxNarrowMaxK) {  // this iteration's share of the next strip's lines, into L1
       const int64_t lines = ws / 2, l0 = s * lines / steps, l1 = std::min<int64_t>(lines, (s + 2) * lines / steps);
       for (int64_t l = l0; l < l1; ++l) _mm_prefetch(next + l * 64, _MM_HINT_T0);
+    } else if (next) {  // the next strip's lines under these columns, into L2
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r) {
+        _mm_prefetch(next + r * wstride + 64 * s, _MM_HINT_T1);
+        _mm_prefetch(next + r * wstride + 64 * s + 64, _MM_HINT_T1);
+      }
     }
     _tile_loadd(4, wrow + 32 * s, wstride);
     _tile_loadd(6, b, 64);
@@ -1541,33 +1571,90 @@ __attribute__((noinline)) void amx_strip_tiles(const uint16_t* wrow, int64_t ws,
 }
 #pragma GCC pop_options
 
-// y[T, N] = x . W^T for bf16 W (K % 32 == 0) by amx_strip_tiles: xb is x bf16 [Tp, Kx] (Tp = T
-// rounded up to 16, padding rows zero), parallel over 16-row strips of W.
-void matmul_amx_strips(const WeightMatrix& w, const uint16_t* xb, int64_t T, int64_t Tp, int64_t Kx, float* y) {
+// 32 columns [k, k + 32) of the fp32 row xr (K columns) as 32 bf16, rounded as convert_x
+// rounds, zero past K.
+inline __m512i bf16_row32(const float* xr, int64_t k, int64_t K) {
+  const int64_t n = std::max<int64_t>(0, std::min<int64_t>(32, K - k));
+  const __mmask16 m0 = static_cast<__mmask16>(tail_mask(std::min<int64_t>(n, 16)));
+  const __mmask16 m1 = static_cast<__mmask16>(tail_mask(std::max<int64_t>(0, n - 16)));
+  return (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, xr + k + 16), _mm512_maskz_loadu_ps(m0, xr + k));
+}
+
+// fp32 x[T, K] -> xt[Tp/16][Kx/32][16][32] bf16 (pack_x_tiles' A tiles), token blocks [b0, b1);
+// tokens past T and columns past K are zero. One pass, split across the pool: convert_x and then
+// pack_x_tiles had read and written x twice on the calling thread while the others waited.
+void pack_x_tiles_f32(const float* x, int64_t T, int64_t K, int64_t Kx, uint16_t* xt, int64_t b0, int64_t b1) {
+  for (int64_t b = b0; b < b1; ++b)
+    for (int64_t r = 0; r < kAmxTokens; ++r) {
+      const int64_t tok = b * kAmxTokens + r;
+      uint16_t* dst = xt + (b * (Kx / 32) * kAmxTokens + r) * 32;
+      for (int64_t s = 0; s < Kx / 32; ++s)
+        _mm512_storeu_si512(dst + s * kAmxTokens * 32,
+                            tok < T ? bf16_row32(x + tok * K, 32 * s, K) : _mm512_setzero_si512());
+    }
+}
+
+// fp32 x[T, K] -> xv[Tp/16][Kx/2][16] (pack_x_vnni16's B tiles), groups [g0, g1) of 16 column
+// pairs in every token block; tokens past T and columns past K are zero. One pass, split across
+// the pool, as pack_x_tiles_f32.
+void pack_x_vnni16_f32(const float* x, int64_t T, int64_t Tp, int64_t K, int64_t Kx, uint32_t* xv, int64_t g0,
+                       int64_t g1) {
+  for (int64_t b = 0; b < Tp / 16; ++b)
+    for (int64_t g = g0; g < g1; ++g) {
+      __m512i r[16];  // token t's 16 column pairs, then (transposed) pair j's 16 tokens
+#pragma GCC unroll 16
+      for (int t = 0; t < 16; ++t) {
+        const int64_t tok = b * 16 + t;
+        r[t] = tok < T ? bf16_row32(x + tok * K, 32 * g, K) : _mm512_setzero_si512();
+      }
+      transpose16(r);
+      uint32_t* dst = xv + (b * (Kx / 2) + 16 * g) * 16;
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; ++j) _mm512_storeu_si512(dst + j * 16, r[j]);
+    }
+}
+
+// y[T, N] = x . W^T for bf16 W (K % 32 == 0) by amx_strip_tiles: x is fp32 [T, K], Tp = T
+// rounded up to 16, Kx = K rounded up to 64; parallel over 16-row strips of W.
+void matmul_amx_strips(const WeightMatrix& w, const float* x, int64_t T, int64_t Tp, int64_t Kx, float* y) {
   const int64_t N = w.out_features, K = w.in_features;
-  thread_local std::vector<uint32_t> xv_buf;  // [Tp/16, Kx/2, 16] (pack_x_vnni16)
+  thread_local std::vector<uint32_t> xv_buf;  // [Tp/16, Kx/2, 16] (pack_x_vnni16_f32)
   xv_buf.resize(static_cast<size_t>(Tp * Kx / 2));
-  pack_x_vnni16(xb, T, Tp, Kx, xv_buf.data());
+  uint32_t* const xv_out = xv_buf.data();
+  thread_pool().parallel_for(Kx / 32, [&](int64_t g0, int64_t g1) {
+    pack_x_vnni16_f32(x, T, Tp, K, Kx, xv_out, g0, g1);
+  }, grain_for_bytes(static_cast<double>(Tp * 32) * sizeof(float)));
   const uint32_t* xv = xv_buf.data();
-  const int64_t blocks = Tp / kAmxTokens, steps = K / 32;
+  const bool fp8 = w.dtype == DType::F8_E4M3;
+  // fp8 strips are dequantized whole (every column to Kx, zero past K) into rows ds apart
+  const int64_t blocks = Tp / kAmxTokens, steps = fp8 ? Kx / 32 : K / 32, ds = Kx + 32;
   const uint16_t* wb = static_cast<const uint16_t*>(w.data);
+  const bool strip_prefetch_l2 = !fp8 && K <= kAmxStripPrefetchMaxK && w.bytes() >= kAmxStripPrefetchMinBytes;
   thread_pool().parallel_for((N + 15) / 16, [&](int64_t s0, int64_t s1) {
     amx::TileScope tiles;
     alignas(64) float acc[4 * 256];  // [4 token blocks][16 rows][16 tokens]
     thread_local std::vector<uint16_t> tail;  // the last strip's rows, zero padded to 16
+    thread_local std::vector<uint16_t> deq;   // fp8: [16][ds] bf16, the strip dequantized
     for (int64_t st = s0; st < s1; ++st) {
       const int64_t n0 = st * 16, rows = std::min<int64_t>(16, N - n0);
       const uint16_t* wrow = wb + n0 * K;
-      if (rows < 16) {
+      int64_t ws = K;
+      if (fp8) {
+        deq.resize(static_cast<size_t>(16 * ds));
+        dequantize_rows(w, n0, rows, 0, Kx, deq.data(), ds);
+        if (rows < 16) std::fill(deq.begin() + rows * ds, deq.end(), uint16_t{0});
+        wrow = deq.data();
+        ws = ds;
+      } else if (rows < 16) {
         tail.assign(static_cast<size_t>(16 * K), 0);
         std::memcpy(tail.data(), wrow, sizeof(uint16_t) * rows * K);
         wrow = tail.data();
       }
       for (int64_t g0 = 0; g0 < blocks; g0 += 4) {
         const int64_t groups = std::min<int64_t>(4, blocks - g0);
-        const bool prefetch_next = K <= kAmxNarrowMaxK && g0 == 0 && st + 1 < s1;
-        amx_strip_tiles(wrow, K, steps, xv + g0 * (Kx / 2) * kAmxTokens, Kx, groups, acc,
-                        prefetch_next ? reinterpret_cast<const char*>(wb + (n0 + 16) * K) : nullptr);
+        const bool prefetch_next = (K <= kAmxNarrowMaxK || strip_prefetch_l2) && g0 == 0 && st + 1 < s1;
+        amx_strip_tiles(wrow, ws, steps, xv + g0 * (Kx / 2) * kAmxTokens, Kx, groups, acc,
+                        prefetch_next && !fp8 ? reinterpret_cast<const char*>(wb + (n0 + 16) * K) : nullptr);
         for (int64_t g = 0; g < groups; ++g)
           for (int64_t t = 0; t < kAmxTokens; ++t) {
             const int64_t tok = (g0 + g) * kAmxTokens + t;
@@ -1677,8 +1764,9 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
   // block in the tasks (scale_x_fp8). They and 4-bit decode with int16 activations read x itself,
   // not its bf16 copy.
   const bool fp8_wide = fp8 && !split && !panels && T >= 3 && T <= kFp8TileMaxTokens;
-  // bf16 / fp8 / f16 panels without AMX pack x straight from fp32 (pack_x_f32)
-  const bool packs_from_f32 = panels && !amx_panels && !q4;
+  // bf16 / fp8 / f16 panels pack x straight from fp32 (pack_x_f32; on AMX pack_x_tiles_f32, or
+  // pack_x_vnni16_f32 for strips)
+  const bool packs_from_f32 = panels && !q4;
   const bool reads_xb = !fp8_wide && !(q4 && !split && !panels) && !packs_from_f32;
   thread_local std::vector<uint16_t> xb_buf;  // [T, Kp] hi, then [T, Kp] lo when split ([Tp, Kp] on AMX)
   if (reads_xb) {
@@ -1702,16 +1790,24 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
       permute_x_q4_panel(xb, Tp, Kp, Kq, xperm_buf.data());
       xs = xperm_buf.data();
     }
-    if (amx_panels && w.dtype == DType::BF16 && K % 32 == 0 && T <= kAmxStripMaxTokens) {
-      matmul_amx_strips(w, xs, T, Tp, Kx, y);
+    if (amx_panels && ((w.dtype == DType::BF16 && K % 32 == 0 && T <= kAmxStripMaxTokens) ||
+                       (fp8 && T <= kAmxFp8StripMaxTokens))) {
+      matmul_amx_strips(w, x, T, Tp, Kx, y);
       return;
     }
     thread_local std::vector<uint32_t> xq_buf;  // [tiles, Kx/2, 6] (pack_x)
     thread_local std::vector<uint16_t> xt_buf;  // [Tp/16, Kx/32, 16, 32] (pack_x_tiles), AMX only
     if (amx_panels) {
       xt_buf.resize(static_cast<size_t>(Tp * Kx));
-      pack_x_tiles(xs, Tp, Kx, xt_buf.data());
-      xs = xt_buf.data();
+      uint16_t* const xt = xt_buf.data();
+      if (q4) {
+        pack_x_tiles(xs, Tp, Kx, xt);
+      } else {
+        thread_pool().parallel_for(Tp / kAmxTokens, [&](int64_t b0, int64_t b1) {
+          pack_x_tiles_f32(x, T, K, Kx, xt, b0, b1);
+        }, grain_for_bytes(static_cast<double>(kAmxTokens * K) * sizeof(float)));
+      }
+      xs = xt;
     } else {
       xq_buf.resize(static_cast<size_t>(token_tiles(T) * Kx / 2 * kTokTile));
       if (packs_from_f32) {
