@@ -137,18 +137,22 @@ constexpr int64_t kF16DirectMaxTokens = 4;
 constexpr int64_t kAmxBf16DirectMaxTokens = 5;
 constexpr int64_t kAmxFp8DirectMaxTokens = 8;
 constexpr int64_t kAmxQ4DirectMaxTokens = 11;
-// bf16 calls of up to this many tokens on AMX read the weights as A tiles in place (amx_strip_tiles),
-// longer ones run on packed panels.
-constexpr int64_t kAmxStripMaxTokens = 48;
-// fp8 calls of up to this many tokens on AMX run on strips too: each 16-row strip dequantized to
-// bf16 rows (dequantize_rows, into L2) that the tiles read as A, so the weights are decoded but
-// never transposed; the panels decode and then transpose every weight. Same VM as below,
-// alternating in one process, weights from memory, strips' rate / panels' (1 / 2 threads, 1408 x
-// 2048 unless said): T = 10 (2048 x 2048) 1.19 / 1.39, T = 16 1.18 / 1.34, T = 32 1.35 / 1.33,
-// T = 48 1.05 / 1.07 (2048 x 1408 1.04 / 1.35), T = 64 0.99-1.09 / 1.12-1.13, T = 80 1.00-1.09 /
-// 0.87-1.10, T = 128 0.98-1.36 / 1.08-1.10, T = 256 0.93 / 1.18, T = 512 (2048 x 2048) 0.84 / 1.11.
-// Results are bitwise those of the panels (same bf16 weights, same order of the sums).
-constexpr int64_t kAmxFp8StripMaxTokens = 128;
+// On AMX, bf16 and fp8 calls past the decode tiles run on strips of W as the A operand
+// (matmul_amx_strips), not on packed panels: a panel transposes every weight into the B layout per
+// call, a strip reads 16 rows as they lie. bf16 calls of up to this many tokens (K % 32 == 0) read
+// the strips in place, 16 rows K * 2 bytes apart; longer ones, fp8 at every T and bf16 with a
+// ragged K stage each strip first (copied, or dequantized, into bf16 rows 4160 bytes apart at K =
+// 2048, so a tile's rows spread over the L1 sets) and run two strips against two token blocks at
+// a time, every loaded tile feeding two multiplies. Emerald Rapids-class VM (2026-12-05), weights
+// from memory, variants alternating in one process, median of 7-11, 1 / 2 threads, results
+// bitwise equal: bf16 in place against the panels (1408 x 2048 unless said) T = 32 1.85 / 1.66,
+// T = 48 2.16 / 1.41, T = 64 1.71 / 1.45, T = 96 1.41, T = 128 1.28 / 1.25, T = 256 1.47 / 1.03;
+// staged against in place T = 32-96 0.68-0.88, T = 128-256 0.90-0.98 / 0.97-1.03, T = 512
+// (2048 x 10944, 2048 x 2048) 1.26-1.33 / 1.21-1.33. fp8 staged against the panels (which
+// dequantize and then transpose): T = 10 (2048 x 2048) 1.19 / 1.39, T = 16-64 1.0-1.5, T = 128
+// 1.44 / 1.26, T = 256 1.47 / 1.34, T = 512 1.20-1.23 / 1.32-1.36, T = 2048 1.45 / 1.95. The
+// panels remain AMX's path for f16 and 4-bit weights.
+constexpr int64_t kAmxStripMaxTokens = 256;
 // Narrow bf16 matrices: at most this many columns (a strip <= 8 KiB, rows sharing 4 KiB pages).
 // Their strips prefetch the next strip into L1 while they compute: the hardware prefetcher did not
 // follow their row-interleaved reads. Xeon VM, 1 thread, 2048 x 256, T = 1-3: 103-129 -> 81-87 us from memory,
@@ -1526,7 +1530,9 @@ __attribute__((noinline)) void amx_panel_tiles(const uint16_t* xt, int64_t Kx, i
 // acc[g][16][16] receives the sums. From memory (1408 x 2048 bf16, 160 copies, 1 thread, one run
 // each, against the panels): T = 8 +36%, 16 +32%, 24 +25%, 32 +24%, 48 +6%, 56-64 even, 128 -25%,
 // 512 -43% (more than 4 token blocks re-read each strip, whose rows 4 KiB apart share an L1 set;
-// software prefetches of the rows 0.5-4 KiB ahead only cost there). Calls of up to
+// software prefetches of the rows 0.5-4 KiB ahead only cost there). Since the strips write y
+// through a register transpose and bring the next strip into L2, they win to T = 256 (the
+// measurements at kAmxStripMaxTokens). Calls of up to
 // kAmxStripMaxTokens run here: batched decode's experts, speculative verification, prefill's
 // routed experts (~48 rows each at 512 tokens x 6 of 64). next: the following strip, to prefetch
 // into L1 (narrow matrices only, kAmxNarrowMaxK), or nullptr.
@@ -1568,6 +1574,52 @@ __attribute__((noinline)) void amx_strip_tiles(const uint16_t* wrow, int64_t ws,
   if (groups > 1) _tile_stored(1, acc + 256, 64);
   if (groups > 2) _tile_stored(2, acc + 512, 64);
   if (groups > 3) _tile_stored(3, acc + 768, 64);
+}
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16")
+// Rows of weights to bring into L2 while a pair of staged strips computes: the next pair's source
+// rows, spread over the steps (staging them had waited on memory between pairs).
+struct StripPrefetch {
+  const char* first = nullptr;  // nullptr: nothing
+  int64_t rows = 0, stride_bytes = 0, row_bytes = 0;
+};
+
+// Two strips (32 rows, the second 16 * ws elements after the first) against one or two token
+// blocks: C0 / C1 = strip 0 x blocks 0 / 1, C2 / C3 = strip 1 x blocks 0 / 1. Each loaded tile feeds
+// two multiplies, where a strip against up to 4 blocks loads 1 + 4 tiles for 4 (and 1 + 2 for 2).
+// acc[4][16][16] receives C0-C3 in that order.
+__attribute__((noinline)) void amx_strip_pair_tiles(const uint16_t* wrow, int64_t ws, int64_t steps,
+                                                    const uint32_t* xv, int64_t Kx, bool two_blocks, float* acc,
+                                                    const StripPrefetch& pf) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const int64_t wstride = ws * 2, block = (Kx / 2) * kAmxTokens, strip = 16 * ws;
+  const int64_t pf_lines = pf.first ? (pf.row_bytes + 63) / 64 : 0;  // per row
+  for (int64_t s = 0; s < steps; ++s) {
+    for (int64_t l = s * pf_lines / steps; l < (s + 1) * pf_lines / steps; ++l)
+      for (int64_t r = 0; r < pf.rows; ++r) _mm_prefetch(pf.first + r * pf.stride_bytes + 64 * l, _MM_HINT_T1);
+    const uint32_t* b = xv + s * 16 * kAmxTokens;
+    _tile_loadd(4, wrow + 32 * s, wstride);
+    _tile_loadd(6, b, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_loadd(5, wrow + strip + 32 * s, wstride);
+    _tile_dpbf16ps(2, 5, 6);
+    if (two_blocks) {
+      _tile_loadd(7, b + block, 64);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, acc, 64);
+  _tile_stored(2, acc + 512, 64);
+  if (two_blocks) {
+    _tile_stored(1, acc + 256, 64);
+    _tile_stored(3, acc + 768, 64);
+  }
 }
 #pragma GCC pop_options
 
@@ -1614,9 +1666,13 @@ void pack_x_vnni16_f32(const float* x, int64_t T, int64_t Tp, int64_t K, int64_t
     }
 }
 
-// y[T, N] = x . W^T for bf16 W (K % 32 == 0) by amx_strip_tiles: x is fp32 [T, K], Tp = T
-// rounded up to 16, Kx = K rounded up to 64; parallel over 16-row strips of W.
-void matmul_amx_strips(const WeightMatrix& w, const float* x, int64_t T, int64_t Tp, int64_t Kx, float* y) {
+// y[T, N] = x . W^T on AMX by strips of W as A tiles: x is fp32 [T, K], Tp = T rounded up to 16,
+// Kx = K rounded up to 64; parallel over 16-row strips. Staged strips (fp8 always, bf16 with
+// `staged`) are first written as bf16 rows ds apart (dequantized, or copied and zero-padded to Kx)
+// and run two at a time (amx_strip_pair_tiles); bf16 read in place (K % 32 == 0) runs strip by
+// strip (amx_strip_tiles), each strip's 16 rows K * 2 bytes apart.
+void matmul_amx_strips(const WeightMatrix& w, const float* x, int64_t T, int64_t Tp, int64_t Kx, bool staged,
+                       float* y) {
   const int64_t N = w.out_features, K = w.in_features;
   thread_local std::vector<uint32_t> xv_buf;  // [Tp/16, Kx/2, 16] (pack_x_vnni16_f32)
   xv_buf.resize(static_cast<size_t>(Tp * Kx / 2));
@@ -1626,41 +1682,82 @@ void matmul_amx_strips(const WeightMatrix& w, const float* x, int64_t T, int64_t
   }, grain_for_bytes(static_cast<double>(Tp * 32) * sizeof(float)));
   const uint32_t* xv = xv_buf.data();
   const bool fp8 = w.dtype == DType::F8_E4M3;
-  // fp8 strips are dequantized whole (every column to Kx, zero past K) into rows ds apart
-  const int64_t blocks = Tp / kAmxTokens, steps = fp8 ? Kx / 32 : K / 32, ds = Kx + 32;
+  staged = staged || fp8;
+  MOAT_CHECK(staged || K % 32 == 0, "cpu.matmul_amx_bf16: in-place strips need K % 32 == 0, not {}", K);
+  // staged rows ds apart: not a multiple of 4 KiB, so a tile's 16 rows spread over the L1 sets
+  const int64_t blocks = Tp / kAmxTokens, steps = staged ? Kx / 32 : K / 32, ds = Kx + 32;
   const uint16_t* wb = static_cast<const uint16_t*>(w.data);
+  const uint8_t* w8 = static_cast<const uint8_t*>(w.data);
+  const int64_t src_row_bytes = fp8 ? K : 2 * K;
   const bool strip_prefetch_l2 = !fp8 && K <= kAmxStripPrefetchMaxK && w.bytes() >= kAmxStripPrefetchMinBytes;
   thread_pool().parallel_for((N + 15) / 16, [&](int64_t s0, int64_t s1) {
     amx::TileScope tiles;
-    alignas(64) float acc[4 * 256];  // [4 token blocks][16 rows][16 tokens]
-    thread_local std::vector<uint16_t> tail;  // the last strip's rows, zero padded to 16
-    thread_local std::vector<uint16_t> deq;   // fp8: [16][ds] bf16, the strip dequantized
+    alignas(64) float acc[4 * 256];  // [4 token blocks][16 rows][16 tokens], or the pair's C0-C3
+    thread_local std::vector<uint16_t> stage;  // [32][ds] bf16: staged rows; [16][K]: a ragged strip in place
+    // rows [n0, n0 + rows) as bf16 rows ds apart, zero past K, then zero rows to `padded`
+    auto stage_rows = [&](int64_t n0, int64_t rows, int64_t padded) {
+      stage.resize(static_cast<size_t>(32 * ds));
+      uint16_t* dst = stage.data();
+      if (fp8) {
+        dequantize_rows(w, n0, rows, 0, Kx, dst, ds);
+      } else {
+        for (int64_t r = 0; r < rows; ++r) {
+          std::memcpy(dst + r * ds, wb + (n0 + r) * K, sizeof(uint16_t) * K);
+          std::fill(dst + r * ds + K, dst + r * ds + Kx, uint16_t{0});
+        }
+      }
+      std::fill(dst + rows * ds, dst + padded * ds, uint16_t{0});
+      return static_cast<const uint16_t*>(dst);
+    };
+    // each block's [16 rows][16 tokens] sums transposed in registers, then token by token 16 rows
+    // wide into y (element by element, the scatter had cost ~10% of a 48-token call)
+    auto write_block = [&](const float* c, int64_t n0, int64_t rows, int64_t tok0) {
+      const __mmask16 row_mask = static_cast<__mmask16>(tail_mask(rows));
+      __m512i v[16];
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r) v[r] = _mm512_load_si512(c + r * 16);
+      transpose16(v);
+      const int64_t ntok = std::min<int64_t>(kAmxTokens, T - tok0);
+      for (int64_t t = 0; t < ntok; ++t) _mm512_mask_storeu_ps(y + (tok0 + t) * N + n0, row_mask, _mm512_castsi512_ps(v[t]));
+    };
     for (int64_t st = s0; st < s1; ++st) {
-      const int64_t n0 = st * 16, rows = std::min<int64_t>(16, N - n0);
+      const int64_t n0 = st * 16;
+      if (staged && st + 1 < s1 && n0 + 32 <= N) {  // two whole strips
+        const uint16_t* wrow = stage_rows(n0, 32, 32);
+        // the next pair's source rows, into L2 during this pair's first pass over the blocks
+        const int64_t next_rows = std::clamp<int64_t>(std::min(s1 * 16, N) - (n0 + 32), 0, 32);
+        const StripPrefetch pf{next_rows > 0 ? reinterpret_cast<const char*>(w8 + (n0 + 32) * src_row_bytes) : nullptr,
+                               next_rows, src_row_bytes, src_row_bytes};
+        for (int64_t b = 0; b < blocks; b += 2) {
+          const bool two = b + 1 < blocks;
+          amx_strip_pair_tiles(wrow, ds, steps, xv + b * (Kx / 2) * kAmxTokens, Kx, two, acc, b == 0 ? pf : StripPrefetch{});
+          write_block(acc, n0, 16, b * kAmxTokens);
+          write_block(acc + 512, n0 + 16, 16, b * kAmxTokens);
+          if (two) {
+            write_block(acc + 256, n0, 16, (b + 1) * kAmxTokens);
+            write_block(acc + 768, n0 + 16, 16, (b + 1) * kAmxTokens);
+          }
+        }
+        ++st;
+        continue;
+      }
+      const int64_t rows = std::min<int64_t>(16, N - n0);
       const uint16_t* wrow = wb + n0 * K;
       int64_t ws = K;
-      if (fp8) {
-        deq.resize(static_cast<size_t>(16 * ds));
-        dequantize_rows(w, n0, rows, 0, Kx, deq.data(), ds);
-        if (rows < 16) std::fill(deq.begin() + rows * ds, deq.end(), uint16_t{0});
-        wrow = deq.data();
+      if (staged) {
+        wrow = stage_rows(n0, rows, 16);
         ws = ds;
-      } else if (rows < 16) {
-        tail.assign(static_cast<size_t>(16 * K), 0);
-        std::memcpy(tail.data(), wrow, sizeof(uint16_t) * rows * K);
-        wrow = tail.data();
+      } else if (rows < 16) {  // in place, K % 32 == 0: the ragged last strip zero padded to 16 rows
+        stage.assign(static_cast<size_t>(std::max<int64_t>(16 * K, 32 * ds)), 0);
+        std::memcpy(stage.data(), wrow, sizeof(uint16_t) * rows * K);
+        wrow = stage.data();
       }
       for (int64_t g0 = 0; g0 < blocks; g0 += 4) {
         const int64_t groups = std::min<int64_t>(4, blocks - g0);
-        const bool prefetch_next = (K <= kAmxNarrowMaxK || strip_prefetch_l2) && g0 == 0 && st + 1 < s1;
+        const bool prefetch_next = !staged && (K <= kAmxNarrowMaxK || strip_prefetch_l2) && g0 == 0 && st + 1 < s1;
         amx_strip_tiles(wrow, ws, steps, xv + g0 * (Kx / 2) * kAmxTokens, Kx, groups, acc,
-                        prefetch_next && !fp8 ? reinterpret_cast<const char*>(wb + (n0 + 16) * K) : nullptr);
-        for (int64_t g = 0; g < groups; ++g)
-          for (int64_t t = 0; t < kAmxTokens; ++t) {
-            const int64_t tok = (g0 + g) * kAmxTokens + t;
-            if (tok >= T) break;
-            for (int64_t r = 0; r < rows; ++r) y[tok * N + n0 + r] = acc[g * 256 + r * 16 + t];
-          }
+                        prefetch_next ? reinterpret_cast<const char*>(wb + (n0 + 16) * K) : nullptr);
+        for (int64_t g = 0; g < groups; ++g) write_block(acc + g * 256, n0, rows, (g0 + g) * kAmxTokens);
       }
     }
   });
@@ -1790,9 +1887,9 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
       permute_x_q4_panel(xb, Tp, Kp, Kq, xperm_buf.data());
       xs = xperm_buf.data();
     }
-    if (amx_panels && ((w.dtype == DType::BF16 && K % 32 == 0 && T <= kAmxStripMaxTokens) ||
-                       (fp8 && T <= kAmxFp8StripMaxTokens))) {
-      matmul_amx_strips(w, x, T, Tp, Kx, y);
+    if (amx_panels && (fp8 || w.dtype == DType::BF16)) {  // AMX: strips of W (kAmxStripMaxTokens)
+      const bool in_place = !fp8 && K % 32 == 0 && T <= kAmxStripMaxTokens;
+      matmul_amx_strips(w, x, T, Tp, Kx, !in_place, y);
       return;
     }
     thread_local std::vector<uint32_t> xq_buf;  // [tiles, Kx/2, 6] (pack_x)
