@@ -370,8 +370,8 @@ kernel_section() {
   echo
   echo "Prefill GEMM: moat's own kernels, oneDNN and OpenBLAS are not linked. Where the CPU has AMX (this run's"
   echo "machine when an AMX peak row is shown) calls of more than 5 tokens (bf16; 8 for fp8, 11 for 4-bit) run on AMX-BF16 tiles"
-  echo "(cpu.matmul_amx_bf16: bf16 and fp8 take 16-row strips of the weights as A tiles, in place or staged as bf16 rows; f16 and"
-  echo "4-bit take the AVX-512 kernel's packed weight panels, already the B tiles' layout); the"
+  echo "(cpu.matmul_amx_bf16: bf16 and fp8 take 16-row strips of the weights as A tiles, in place or staged as bf16 rows, 4-bit"
+  echo "to 128 tokens too; f16 and longer 4-bit calls take the AVX-512 kernel's packed weight panels, the B tiles' layout); the"
   echo "cpu.matmul_avx512bf16 rows at T=512 beside them are the same shapes on AVX-512 BF16 in the same run. On the panels the"
   echo "AMX rows reached ~15-25% of the tile peak (the 16x16 transpose per 16 rows x 32 columns and the tile loads bound them);"
   echo "the strips, since 2026-12-05, ran 1.2-2.2x the panels' rate (docs/architecture.md; no AMX run of this table since)."

@@ -4,8 +4,8 @@
 //    (compressed-tensors MXFP4 and INT4, gpt-oss blocks), e8m0 edge scales 0, 1, 126, 127, 128 and
 //    254 included;
 //  - parity of every host matmul kernel with the reference over shapes: T = 1..5, 8, 11 and 16 (on
-//    cpu.matmul_avx512bf16, the register-decoding tiles; 12 and 16 are AMX panels), 17 and 64 (its
-//    dequantized panels); in =
+//    cpu.matmul_avx512bf16, the register-decoding tiles; on AMX 12-64 are dequantized strips), 17,
+//    64 and 129 (its dequantized panels; AMX's from 129); in =
 //    32, 96, 160 (ragged 128-blocks), 2080 (column blocks past 2048), 3584 (Kimi K3's latent
 //    width); out not a multiple of 16; exact and default precision;
 //  - moe_experts with MXFP4 and INT4 experts through the cpu op table against the reference;
@@ -258,7 +258,7 @@ TEST(QuantMatmul, EveryHostKernelMatchesReference) {
       std::vector<float> wf(static_cast<size_t>(s.N * s.K));  // decoded, for per_row_error's scale
       for (int64_t r = 0; r < s.N; ++r)
         for (int64_t c = 0; c < s.K; ++c) wf[r * s.K + c] = q.w.at(r, c);
-      for (int64_t T : {1, 2, 3, 4, 5, 8, 10, 11, 12, 13, 16, 17, 64}) {
+      for (int64_t T : {1, 2, 3, 4, 5, 8, 10, 11, 12, 13, 16, 17, 64, 129}) {
         const auto x = randn(static_cast<size_t>(T * s.K), rng);
         std::vector<float> ref(static_cast<size_t>(T * s.N));
         fn_of<MatmulFn>(kernels[0])(x.data(), T, q.w, ref.data(), MatmulPrecision::exact());

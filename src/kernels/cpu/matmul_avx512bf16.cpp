@@ -133,7 +133,11 @@ constexpr int64_t kF16DirectMaxTokens = 4;
 // AMX's; bf16 on the strips below, fp8 on the panels): bf16 T = 5 0.97-1.03 (1 thread), 1.10 (2),
 // T = 6 1.22-1.23 (1), 1.02-1.20 (2), T = 7 1.28 / 1.41; fp8 (1408 x 2048, 2048 x 1408) T = 7
 // 1.00 / 0.85, T = 8 0.89-0.90 / 0.92-0.98, T = 9 1.26 / 1.05, T = 10 1.21-1.38 / 1.20-1.29
-// (1 / 2 threads): bf16's tiles keep T <= 5 and fp8's T <= 8.
+// (1 / 2 threads): bf16's tiles keep T <= 5 and fp8's T <= 8. MXFP4 against its strips (below;
+// 1408 x 2048 and 2048 x 1408, median of 9, AMX's rate / the tiles'): T = 7 1.04 / 0.83, T = 8
+// 1.27 / 1.02, T = 9 1.29 / 1.30, T = 10-12 1.0-1.6. The 4-bit tiles keep T <= 11 all the same:
+// their int16 activations are the accuracy decode-sized calls promise on every kernel
+// (quant_matmul_test.cpp, kInt16Tokens), and AMX would round x to bf16.
 constexpr int64_t kAmxBf16DirectMaxTokens = 5;
 constexpr int64_t kAmxFp8DirectMaxTokens = 8;
 constexpr int64_t kAmxQ4DirectMaxTokens = 11;
@@ -151,8 +155,13 @@ constexpr int64_t kAmxQ4DirectMaxTokens = 11;
 // (2048 x 10944, 2048 x 2048) 1.26-1.33 / 1.21-1.33. fp8 staged against the panels (which
 // dequantize and then transpose): T = 10 (2048 x 2048) 1.19 / 1.39, T = 16-64 1.0-1.5, T = 128
 // 1.44 / 1.26, T = 256 1.47 / 1.34, T = 512 1.20-1.23 / 1.32-1.36, T = 2048 1.45 / 1.95. The
-// panels remain AMX's path for f16 and 4-bit weights.
+// panels remain AMX's path for f16 weights.
 constexpr int64_t kAmxStripMaxTokens = 256;
+// 4-bit calls of up to this many tokens run on staged strips too (rows dequantized in the panels'
+// column order, x permuted to match), longer ones on the panels. MXFP4, same VM, strips' rate /
+// panels' (1 / 2 threads, 1408 x 2048 unless said): T = 12 1.61 / 1.46, T = 16 1.24, T = 48 1.30, T = 64 1.16 / 1.56,
+// T = 128 1.14, T = 256 1.14 / 0.90, T = 512 0.89-1.08 / 1.31 (best of 3: 0.98).
+constexpr int64_t kAmxQ4StripMaxTokens = 128;
 // Narrow bf16 matrices: at most this many columns (a strip <= 8 KiB, rows sharing 4 KiB pages).
 // Their strips prefetch the next strip into L1 while they compute: the hardware prefetcher did not
 // follow their row-interleaved reads. Xeon VM, 1 thread, 2048 x 256, T = 1-3: 103-129 -> 81-87 us from memory,
@@ -1667,28 +1676,36 @@ void pack_x_vnni16_f32(const float* x, int64_t T, int64_t Tp, int64_t K, int64_t
 }
 
 // y[T, N] = x . W^T on AMX by strips of W as A tiles: x is fp32 [T, K], Tp = T rounded up to 16,
-// Kx = K rounded up to 64; parallel over 16-row strips. Staged strips (fp8 always, bf16 with
-// `staged`) are first written as bf16 rows ds apart (dequantized, or copied and zero-padded to Kx)
+// Kx = K rounded up to 64 (4-bit: to 128, with xq4 = x in bf16 permuted to the dequantized rows'
+// column order, permute_x_q4_panel); parallel over 16-row strips. Staged strips (fp8 and 4-bit
+// always, bf16 with `staged`) are first written as bf16 rows ds apart (dequantized, or copied and
+// zero-padded to Kx)
 // and run two at a time (amx_strip_pair_tiles); bf16 read in place (K % 32 == 0) runs strip by
 // strip (amx_strip_tiles), each strip's 16 rows K * 2 bytes apart.
-void matmul_amx_strips(const WeightMatrix& w, const float* x, int64_t T, int64_t Tp, int64_t Kx, bool staged,
-                       float* y) {
+void matmul_amx_strips(const WeightMatrix& w, const float* x, const uint16_t* xq4, int64_t T, int64_t Tp, int64_t Kx,
+                       bool staged, float* y) {
   const int64_t N = w.out_features, K = w.in_features;
+  const bool fp8 = w.dtype == DType::F8_E4M3, q4 = w.is_4bit();
   thread_local std::vector<uint32_t> xv_buf;  // [Tp/16, Kx/2, 16] (pack_x_vnni16_f32)
   xv_buf.resize(static_cast<size_t>(Tp * Kx / 2));
   uint32_t* const xv_out = xv_buf.data();
-  thread_pool().parallel_for(Kx / 32, [&](int64_t g0, int64_t g1) {
-    pack_x_vnni16_f32(x, T, Tp, K, Kx, xv_out, g0, g1);
-  }, grain_for_bytes(static_cast<double>(Tp * 32) * sizeof(float)));
+  if (q4) {
+    pack_x_vnni16(xq4, T, Tp, Kx, xv_out);
+  } else {
+    thread_pool().parallel_for(Kx / 32, [&](int64_t g0, int64_t g1) {
+      pack_x_vnni16_f32(x, T, Tp, K, Kx, xv_out, g0, g1);
+    }, grain_for_bytes(static_cast<double>(Tp * 32) * sizeof(float)));
+  }
   const uint32_t* xv = xv_buf.data();
-  const bool fp8 = w.dtype == DType::F8_E4M3;
-  staged = staged || fp8;
+  static const __m512i mxfp4_table = q4_table(DType::MXFP4), int4_table = q4_table(DType::INT4_G32);
+  const __m512i& q4_codes = w.dtype == DType::INT4_G32 ? int4_table : mxfp4_table;
+  staged = staged || fp8 || q4;
   MOAT_CHECK(staged || K % 32 == 0, "cpu.matmul_amx_bf16: in-place strips need K % 32 == 0, not {}", K);
   // staged rows ds apart: not a multiple of 4 KiB, so a tile's 16 rows spread over the L1 sets
   const int64_t blocks = Tp / kAmxTokens, steps = staged ? Kx / 32 : K / 32, ds = Kx + 32;
   const uint16_t* wb = static_cast<const uint16_t*>(w.data);
   const uint8_t* w8 = static_cast<const uint8_t*>(w.data);
-  const int64_t src_row_bytes = fp8 ? K : 2 * K;
+  const int64_t src_row_bytes = q4 ? K / 2 : fp8 ? K : 2 * K;
   const bool strip_prefetch_l2 = !fp8 && K <= kAmxStripPrefetchMaxK && w.bytes() >= kAmxStripPrefetchMinBytes;
   thread_pool().parallel_for((N + 15) / 16, [&](int64_t s0, int64_t s1) {
     amx::TileScope tiles;
@@ -1698,7 +1715,9 @@ void matmul_amx_strips(const WeightMatrix& w, const float* x, int64_t T, int64_t
     auto stage_rows = [&](int64_t n0, int64_t rows, int64_t padded) {
       stage.resize(static_cast<size_t>(32 * ds));
       uint16_t* dst = stage.data();
-      if (fp8) {
+      if (q4) {
+        dequantize_q4_panel(w, n0, rows, 0, Kx, dst, ds, q4_codes);
+      } else if (fp8) {
         dequantize_rows(w, n0, rows, 0, Kx, dst, ds);
       } else {
         for (int64_t r = 0; r < rows; ++r) {
@@ -1887,9 +1906,9 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
       permute_x_q4_panel(xb, Tp, Kp, Kq, xperm_buf.data());
       xs = xperm_buf.data();
     }
-    if (amx_panels && (fp8 || w.dtype == DType::BF16)) {  // AMX: strips of W (kAmxStripMaxTokens)
-      const bool in_place = !fp8 && K % 32 == 0 && T <= kAmxStripMaxTokens;
-      matmul_amx_strips(w, x, T, Tp, Kx, !in_place, y);
+    if (amx_panels && (fp8 || (q4 && T <= kAmxQ4StripMaxTokens) || w.dtype == DType::BF16)) {  // AMX: strips of W (kAmxStripMaxTokens)
+      const bool in_place = w.dtype == DType::BF16 && K % 32 == 0 && T <= kAmxStripMaxTokens;
+      matmul_amx_strips(w, x, xs, T, Tp, Kx, !in_place, y);
       return;
     }
     thread_local std::vector<uint32_t> xq_buf;  // [tiles, Kx/2, 6] (pack_x)
