@@ -1677,13 +1677,13 @@ void pack_x_vnni16_f32(const float* x, int64_t T, int64_t Tp, int64_t K, int64_t
 
 // y[T, N] = x . W^T on AMX by strips of W as A tiles: x is fp32 [T, K], Tp = T rounded up to 16,
 // Kx = K rounded up to 64 (4-bit: to 128, with xq4 = x in bf16 permuted to the dequantized rows'
-// column order, permute_x_q4_panel); parallel over 16-row strips. Staged strips (fp8 and 4-bit
-// always, bf16 with `staged`) are first written as bf16 rows ds apart (dequantized, or copied and
-// zero-padded to Kx)
-// and run two at a time (amx_strip_pair_tiles); bf16 read in place (K % 32 == 0) runs strip by
-// strip (amx_strip_tiles), each strip's 16 rows K * 2 bytes apart.
-void matmul_amx_strips(const WeightMatrix& w, const float* x, const uint16_t* xq4, int64_t T, int64_t Tp, int64_t Kx,
-                       bool staged, float* y) {
+// column order, permute_x_q4_panel, and q4_codes its decode table); parallel over 16-row strips.
+// Staged strips (fp8 and 4-bit always, bf16 with `staged`) are first written as bf16 rows ds apart
+// (dequantized, or copied and zero-padded to Kx) and run two at a time (amx_strip_pair_tiles);
+// bf16 read in place (K % 32 == 0) runs strip by strip (amx_strip_tiles), each strip's 16 rows
+// K * 2 bytes apart.
+void matmul_amx_strips(const WeightMatrix& w, const float* x, const uint16_t* xq4, const __m512i& q4_codes, int64_t T,
+                       int64_t Tp, int64_t Kx, bool staged, float* y) {
   const int64_t N = w.out_features, K = w.in_features;
   const bool fp8 = w.dtype == DType::F8_E4M3, q4 = w.is_4bit();
   thread_local std::vector<uint32_t> xv_buf;  // [Tp/16, Kx/2, 16] (pack_x_vnni16_f32)
@@ -1697,8 +1697,6 @@ void matmul_amx_strips(const WeightMatrix& w, const float* x, const uint16_t* xq
     }, grain_for_bytes(static_cast<double>(Tp * 32) * sizeof(float)));
   }
   const uint32_t* xv = xv_buf.data();
-  static const __m512i mxfp4_table = q4_table(DType::MXFP4), int4_table = q4_table(DType::INT4_G32);
-  const __m512i& q4_codes = w.dtype == DType::INT4_G32 ? int4_table : mxfp4_table;
   staged = staged || fp8 || q4;
   MOAT_CHECK(staged || K % 32 == 0, "cpu.matmul_amx_bf16: in-place strips need K % 32 == 0, not {}", K);
   // staged rows ds apart: not a multiple of 4 KiB, so a tile's 16 rows spread over the L1 sets
@@ -1767,7 +1765,7 @@ void matmul_amx_strips(const WeightMatrix& w, const float* x, const uint16_t* xq
         wrow = stage_rows(n0, rows, 16);
         ws = ds;
       } else if (rows < 16) {  // in place, K % 32 == 0: the ragged last strip zero padded to 16 rows
-        stage.assign(static_cast<size_t>(std::max<int64_t>(16 * K, 32 * ds)), 0);
+        stage.assign(static_cast<size_t>(16 * K), 0);
         std::memcpy(stage.data(), wrow, sizeof(uint16_t) * rows * K);
         wrow = stage.data();
       }
@@ -1908,7 +1906,7 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
     }
     if (amx_panels && (fp8 || (q4 && T <= kAmxQ4StripMaxTokens) || w.dtype == DType::BF16)) {  // AMX: strips of W (kAmxStripMaxTokens)
       const bool in_place = w.dtype == DType::BF16 && K % 32 == 0 && T <= kAmxStripMaxTokens;
-      matmul_amx_strips(w, x, xs, T, Tp, Kx, !in_place, y);
+      matmul_amx_strips(w, x, xs, q4_codes, T, Tp, Kx, !in_place, y);
       return;
     }
     thread_local std::vector<uint32_t> xq_buf;  // [tiles, Kx/2, 6] (pack_x)
