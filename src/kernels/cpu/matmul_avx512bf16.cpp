@@ -1904,7 +1904,8 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
       permute_x_q4_panel(xb, Tp, Kp, Kq, xperm_buf.data());
       xs = xperm_buf.data();
     }
-    if (amx_panels && (fp8 || (q4 && T <= kAmxQ4StripMaxTokens) || w.dtype == DType::BF16)) {  // AMX: strips of W (kAmxStripMaxTokens)
+    // AMX: strips of W (bf16 read in place up to kAmxStripMaxTokens; 4-bit up to kAmxQ4StripMaxTokens)
+    if (amx_panels && (fp8 || (q4 && T <= kAmxQ4StripMaxTokens) || w.dtype == DType::BF16)) {
       const bool in_place = w.dtype == DType::BF16 && K % 32 == 0 && T <= kAmxStripMaxTokens;
       matmul_amx_strips(w, x, xs, q4_codes, T, Tp, Kx, !in_place, y);
       return;
