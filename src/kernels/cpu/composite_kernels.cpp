@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "base/aligned_vector.h"
 #include "base/check.h"
 #include "base/thread_pool.h"
 #include "ops/kernel_types.h"
@@ -28,8 +29,8 @@ struct MoeScratch {
   std::vector<int64_t> expert_begin, fill;  // [E + 1], [E]: rows [begin[e], begin[e+1]) are e's
   std::vector<int64_t> row_of;              // [T * K]: the grouped row of (t, k)
   std::vector<int32_t> active;              // experts with at least one row
-  std::vector<float> in, out;               // [T * K, hidden] grouped inputs, expert outputs
-  std::vector<float> gate, up;              // [T * K, intermediate]
+  AlignedVector<float> in, out;               // [T * K, hidden] grouped inputs, expert outputs
+  AlignedVector<float> gate, up;              // [T * K, intermediate]
   std::vector<int32_t> order, bin_of;       // side by side: active experts by rows, each one's thread bin
   std::vector<int64_t> bin_cost;            // [threads]
 };
@@ -94,7 +95,7 @@ void moe_experts_cpu(const MoeExpertsArgs& a, const InnerOps& inner) {
   s.active.clear();
   for (int64_t e = 0; e < E; ++e)
     if (s.expert_begin[e + 1] > s.expert_begin[e]) s.active.push_back(static_cast<int32_t>(e));
-  auto grow = [](std::vector<float>& v, int64_t n) {
+  auto grow = [](AlignedVector<float>& v, int64_t n) {
     if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
   };
   grow(s.out, R * H);
@@ -190,7 +191,7 @@ void head_matmul_cpu(const HeadMatmulArgs& a, const InnerOps& inner) {
     if (T == 1) {
       matmul(x, 1, w, y, inner.precision);  // one token: its head slices are contiguous already
     } else {
-      thread_local std::vector<float> xs, ys;  // [T, in], [T, out]
+      thread_local AlignedVector<float> xs, ys;  // [T, in], [T, out]
       if (static_cast<int64_t>(xs.size()) < T * in) xs.resize(static_cast<size_t>(T * in));
       if (static_cast<int64_t>(ys.size()) < T * out) ys.resize(static_cast<size_t>(T * out));
       for (int64_t t = 0; t < T; ++t) std::memcpy(&xs[t * in], x + t * a.x_token_stride, sizeof(float) * in);

@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "base/aligned_vector.h"
 #include "base/check.h"
 #include "base/thread_pool.h"
 #include "ops/registry.h"

@@ -43,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/aligned_vector.h"
 #include "base/check.h"
 #include "base/thread_pool.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -871,7 +872,7 @@ void run_direct(DirectArgs a, int64_t T, int64_t begin, int64_t end) {
     return;
   }
   // fp8: each block of rows against x scaled by that block's scales (and F16C's 2^8)
-  thread_local std::vector<float> xs_buf;  // [T, Kp]
+  thread_local AlignedVector<float> xs_buf;  // [T, Kp]
   xs_buf.resize(static_cast<size_t>(T * a.Kp));
   const float* xd = a.x;
   a.x = xs_buf.data();
@@ -1197,7 +1198,7 @@ void run_packed(const PackedArgs& a, int64_t c_begin, int64_t c_end) {
   const WeightMatrix& w = *a.w;
   const int64_t K = w.in_features, N = w.out_features;
   const PackPanel pack = pack_panel_for(w.dtype);
-  thread_local std::vector<float> panels;
+  thread_local AlignedVector<float> panels;
   const int64_t ppc = a.panels_per_chunk;
   panels.resize(static_cast<size_t>(ppc * kKC * kNR));
   for (int64_t cb = c_begin; cb < c_end; cb += ppc * kNR) {
@@ -1257,10 +1258,10 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
   const bool q4_int16 = w0.is_4bit() && !precision.fp8_split;
   if (T <= direct_max_tokens(w0.dtype, fp8_exponent, q4_int16, wide)) {
     const int64_t Kp = (K + 63) / 64 * 64;
-    thread_local std::vector<float> xd;
+    thread_local AlignedVector<float> xd;
     xd.resize(static_cast<size_t>(T * Kp));
-    thread_local std::vector<int16_t> xq;
-    thread_local std::vector<float> xs;
+    thread_local AlignedVector<int16_t> xq;
+    thread_local AlignedVector<float> xs;
     if (q4_int16) {
       xq.resize(static_cast<size_t>(T * Kp));
       xs.resize(static_cast<size_t>(T * (Kp / 32)));
@@ -1289,7 +1290,7 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
   }
   const int64_t mr = wide ? kMRWide : kMR;
   const auto pack_x_blocks = wide ? &pack_x<kMRWide> : &pack_x<kMR>;
-  thread_local std::vector<float> xp;
+  thread_local AlignedVector<float> xp;
   xp.resize(static_cast<size_t>((T + mr - 1) / mr * mr * K));
   // split over the pool where it is worth a dispatch (a 512-token call packs 4 MiB: ~1 ms alone)
   const int64_t token_blocks = (T + mr - 1) / mr;

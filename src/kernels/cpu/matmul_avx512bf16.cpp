@@ -53,6 +53,7 @@
 #include <optional>
 #include <vector>
 
+#include "base/aligned_vector.h"
 #include "base/check.h"
 #include "base/thread_pool.h"
 #include "kernels/cpu/amx_tiles.h"
@@ -336,7 +337,7 @@ inline void lane_tiles(int64_t begin, int64_t end, int64_t T, float* y, int64_t 
   const int64_t L = (end - begin) / lanes;
   constexpr int64_t kTokenStride = kStageTiles * 4;
   alignas(64) float stage_block[kMaxStageTokens * kTokenStride];
-  thread_local std::vector<float> stage_big;  // exact mode's split calls run any T on these tiles
+  thread_local AlignedVector<float> stage_big;  // exact mode's split calls run any T on these tiles
   if (T > kMaxStageTokens) stage_big.resize(static_cast<size_t>(T * kTokenStride));
   float* stage = T > kMaxStageTokens ? stage_big.data() : stage_block;
   // lane q of 16 tiles: stage positions 4 i + q, i < 16, of one token's 64 floats (4 vectors)
@@ -1686,7 +1687,7 @@ void matmul_amx_strips(const WeightMatrix& w, const float* x, const uint16_t* xq
                        int64_t Tp, int64_t Kx, bool staged, float* y) {
   const int64_t N = w.out_features, K = w.in_features;
   const bool fp8 = w.dtype == DType::F8_E4M3, q4 = w.is_4bit();
-  thread_local std::vector<uint32_t> xv_buf;  // [Tp/16, Kx/2, 16] (pack_x_vnni16_f32)
+  thread_local AlignedVector<uint32_t> xv_buf;  // [Tp/16, Kx/2, 16] (pack_x_vnni16_f32)
   xv_buf.resize(static_cast<size_t>(Tp * Kx / 2));
   uint32_t* const xv_out = xv_buf.data();
   if (q4) {
@@ -1708,7 +1709,7 @@ void matmul_amx_strips(const WeightMatrix& w, const float* x, const uint16_t* xq
   thread_pool().parallel_for((N + 15) / 16, [&](int64_t s0, int64_t s1) {
     amx::TileScope tiles;
     alignas(64) float acc[4 * 256];  // [4 token blocks][16 rows][16 tokens], or the pair's C0-C3
-    thread_local std::vector<uint16_t> stage;  // [32][ds] bf16: staged rows; [16][K]: a ragged strip in place
+    thread_local AlignedVector<uint16_t> stage;  // [32][ds] bf16: staged rows; [16][K]: a ragged strip in place
     // rows [n0, n0 + rows) as bf16 rows ds apart, zero past K, then zero rows to `padded`
     auto stage_rows = [&](int64_t n0, int64_t rows, int64_t padded) {
       stage.resize(static_cast<size_t>(32 * ds));
@@ -1882,7 +1883,7 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
   // pack_x_vnni16_f32 for strips)
   const bool packs_from_f32 = panels && !q4;
   const bool reads_xb = !fp8_wide && !(q4 && !split && !panels) && !packs_from_f32;
-  thread_local std::vector<uint16_t> xb_buf;  // [T, Kp] hi, then [T, Kp] lo when split ([Tp, Kp] on AMX)
+  thread_local AlignedVector<uint16_t> xb_buf;  // [T, Kp] hi, then [T, Kp] lo when split ([Tp, Kp] on AMX)
   if (reads_xb) {
     xb_buf.resize(static_cast<size_t>((split ? 2 : 1) * Tp * Kp));
     convert_x(x, T, K, Kp, xb_buf.data(), split ? xb_buf.data() + T * Kp : nullptr);
@@ -1898,7 +1899,7 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
     // dequantized in their own column order, and x is laid out to match.
     const int64_t Kx = q4 ? Kq : Kp;
     const uint16_t* xs = xb;
-    thread_local std::vector<uint16_t> xperm_buf;  // [T, Kq] (permute_x_q4_panel), 4-bit only
+    thread_local AlignedVector<uint16_t> xperm_buf;  // [T, Kq] (permute_x_q4_panel), 4-bit only
     if (q4) {
       xperm_buf.resize(static_cast<size_t>(Tp * Kq));
       permute_x_q4_panel(xb, Tp, Kp, Kq, xperm_buf.data());
@@ -1910,8 +1911,8 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
       matmul_amx_strips(w, x, xs, q4_codes, T, Tp, Kx, !in_place, y);
       return;
     }
-    thread_local std::vector<uint32_t> xq_buf;  // [tiles, Kx/2, 6] (pack_x)
-    thread_local std::vector<uint16_t> xt_buf;  // [Tp/16, Kx/32, 16, 32] (pack_x_tiles), AMX only
+    thread_local AlignedVector<uint32_t> xq_buf;  // [tiles, Kx/2, 6] (pack_x)
+    thread_local AlignedVector<uint16_t> xt_buf;  // [Tp/16, Kx/32, 16, 32] (pack_x_tiles), AMX only
     if (amx_panels) {
       xt_buf.resize(static_cast<size_t>(Tp * Kx));
       uint16_t* const xt = xt_buf.data();
@@ -1944,10 +1945,10 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
       // L1 set, and pack_panel reads 16 of them side by side: fp8 T = 8..64 on K = 2048 ran at
       // 0.6-0.7x the 4x4 tiles with that stride.
       constexpr int64_t kDeqStride = kPackCols + 32;
-      thread_local std::vector<uint16_t> deq;
+      thread_local AlignedVector<uint16_t> deq;
       wp_buf.resize(static_cast<size_t>(kSubCols * kPanelRows / 32));
       uint16_t* wp = wp_buf.data()->v;
-      thread_local std::vector<float> acc;  // [Tp, 64]: AMX accumulators of one panel
+      thread_local AlignedVector<float> acc;  // [Tp, 64]: AMX accumulators of one panel
       std::optional<amx::TileScope> tiles;
       if (amx_panels) {
         acc.resize(static_cast<size_t>(Tp * kPanelRows));
@@ -1990,7 +1991,7 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
   // (W * scale rounded) and reused by every token.
   const bool fp8_direct = fp8 && (split || T <= kFp8TileMaxTokens);
   const Fp8Tables& tables = fp8_tables();
-  thread_local std::vector<uint16_t> xp_buf;  // [T, Kp] hi (+ [T, Kp] lo) in lane-split order, fp8 only
+  thread_local AlignedVector<uint16_t> xp_buf;  // [T, Kp] hi (+ [T, Kp] lo) in lane-split order, fp8 only
   if (fp8_direct && !fp8_wide) {
     xp_buf.resize(static_cast<size_t>((split ? 2 : 1) * T * Kp));
     permute_x64(xb, (split ? 2 : 1) * T, Kp, xp_buf.data());
@@ -1998,9 +1999,9 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
   const uint16_t* xp = xp_buf.data();
   // 4-bit weights here (decode, or exact mode): decoded in registers, x in nibble order: int16
   // with group scales by default (tile_q4_i16), bf16 hi + lo in exact mode (tile_q4_split).
-  thread_local std::vector<uint16_t> xq4_buf;  // [T, Kq] hi (+ [T, Kq] lo): permute_x_q4 (exact)
-  thread_local std::vector<int16_t> xi16_buf;  // [T, Kq]: quantize_x_q4_i16 (default)
-  thread_local std::vector<float> xs16_buf;    // [T, Kq / 128, 16]
+  thread_local AlignedVector<uint16_t> xq4_buf;  // [T, Kq] hi (+ [T, Kq] lo): permute_x_q4 (exact)
+  thread_local AlignedVector<int16_t> xi16_buf;  // [T, Kq]: quantize_x_q4_i16 (default)
+  thread_local AlignedVector<float> xs16_buf;    // [T, Kq / 128, 16]
   const Q4SplitTileFn* q4_split_tiles = nullptr;
   const Q4I16TileFn(*q4_i16_tiles)[2] = nullptr;
   static const __m512i mxfp4_ints = q4_int_table(DType::MXFP4), int4_ints = q4_int_table(DType::INT4_G32);
@@ -2024,7 +2025,7 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
   // rows [n_begin, n_end) of one matrix of the group
   auto run_rows_of = [&](const WeightMatrix& w, float* y, int64_t n_begin, int64_t n_end) {
     const int64_t N = w.out_features;
-    thread_local std::vector<uint16_t> scratch;  // [chunk_rows, Kb] dequantized rows
+    thread_local AlignedVector<uint16_t> scratch;  // [chunk_rows, Kb] dequantized rows
     if (q4) {
       // token pairs share each decoded block; split calls run token by token
       lane_tiles(n_begin, n_end, T, y, N, [&](int64_t n0, int64_t nr, int64_t rs, float* yp, int64_t yn) {
@@ -2044,7 +2045,7 @@ void matmul_impl(const float* x, int64_t T, const WeightMatrix* const* ws, float
     }
     if (fp8_wide) {
       // each row block's rows (one scale per block_in columns) against x scaled by those scales
-      thread_local std::vector<uint16_t> xs_buf;  // [T, Kp]: scale_x_fp8
+      thread_local AlignedVector<uint16_t> xs_buf;  // [T, Kp]: scale_x_fp8
       xs_buf.resize(static_cast<size_t>(T * Kp));
       uint16_t* xs = xs_buf.data();
       const uint8_t* codes = static_cast<const uint8_t*>(w.data);

@@ -23,6 +23,7 @@
 #include <limits>
 #include <vector>
 
+#include "base/aligned_vector.h"
 #include "base/check.h"
 #include "base/dtype.h"
 #include "base/thread_pool.h"
@@ -92,7 +93,7 @@ void latent_row_bf16(const LatentPages& c, int64_t slot, int64_t D, int64_t Dp, 
 // A span's context rows in the two B layouts. kt: K^T tiles [rows/16][Dp/32][16 dim pairs][16 rows]
 // (pairs as dwords); vt: V tiles [rows/32][C/16][16 row pairs][16 dims][2].
 struct PackedSpan {
-  std::vector<uint16_t> kt, vt;  // rows: r1 - r0 rounded up to 32, zero past the context
+  AlignedVector<uint16_t> kt, vt;  // rows: r1 - r0 rounded up to 32, zero past the context
 };
 
 // Rows [r0, r1) of the context whose block table is `blocks` -> span (rows r0 .. r0 + 32k).
@@ -108,7 +109,7 @@ void pack_span(const LatentPages& c, const int32_t* blocks, int64_t r0, int64_t 
                                                24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
   const __m512i lo_idx = _mm512_load_si512(kLo), hi_idx = _mm512_load_si512(kHi);
   thread_pool().parallel_for(rows / 32, [&](int64_t k0, int64_t k1) {
-    thread_local std::vector<uint16_t> buf;  // [32, Dp] the step's rows as bf16
+    thread_local AlignedVector<uint16_t> buf;  // [32, Dp] the step's rows as bf16
     buf.resize(static_cast<size_t>(32 * Dp));
     for (int64_t ks = k0; ks < k1; ++ks) {
       for (int64_t j = 0; j < 32; ++j) {
@@ -152,10 +153,10 @@ constexpr int64_t kProbLd = kChunkRows + 32;   // bf16
 
 // The task's working set: packed queries, one pair's scores and probabilities, the O accumulator.
 struct TaskScratch {
-  std::vector<uint16_t> qt;  // [kTaskRows / 16][Dp/32][hi, lo] A tiles
+  AlignedVector<uint16_t> qt;  // [kTaskRows / 16][Dp/32][hi, lo] A tiles
   alignas(64) float s[kPairRows * kScoreLd];
   alignas(64) uint16_t p[kPairRows * kProbLd];
-  std::vector<float> o;      // [kTaskRows, C + 16]
+  AlignedVector<float> o;      // [kTaskRows, C + 16]
 };
 
 // One pair of row blocks (NQ = 2, or 1 for a run's odd last block) against cache rows
@@ -366,7 +367,7 @@ void run_amx(const MlaAttentionArgs& a, int64_t t0, int64_t t1) {
                "kv_len {} outside [1, {} blocks of {}]", a.kv_len[t], a.max_blocks_per_seq, a.cache.block_size);
     context = std::max<int64_t>(context, a.kv_len[t]);
   }
-  thread_local std::vector<float> state;  // m and l, [tasks * kTaskRows] each
+  thread_local AlignedVector<float> state;  // m and l, [tasks * kTaskRows] each
   state.resize(static_cast<size_t>(2 * tasks * kTaskRows));
   const Run run{a.q + t0 * H * D, a.out + t0 * H * C, state.data(), state.data() + tasks * kTaskRows,
                 a.kv_len + t0, rows, H};

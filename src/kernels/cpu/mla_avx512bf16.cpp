@@ -27,6 +27,7 @@
 #include <cstring>
 #include <vector>
 
+#include "base/aligned_vector.h"
 #include "base/check.h"
 #include "base/dtype.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -64,12 +65,12 @@ struct Scratch {
   // [groups of the task, Dp / 32, G, 2, 32] bf16 queries: per 32 dims, each head's high and low
   // parts side by side (zero past D), so the score loop reads them at constant offsets from one
   // pointer (16 pointers of their own took more registers than there are)
-  std::vector<uint16_t> q;
+  AlignedVector<uint16_t> q;
   std::vector<const uint16_t*> rows;   // [kChunkRows + 4] the chunk's rows in the cache; padding: zero
   std::vector<const uint16_t*> ahead;  // [kChunkRows + 4] row j + kAheadRows of the span (prefetch)
-  std::vector<uint16_t> zero_row;      // [Dp]
-  std::vector<float> scores;           // [kChunkRows + 4, G]
-  std::vector<uint32_t> pairs;         // [kChunkRows / 2 + 2, G] (p[j], p[j + 1]) as bf16 pairs
+  AlignedVector<uint16_t> zero_row;      // [Dp]
+  AlignedVector<float> scores;           // [kChunkRows + 4, G]
+  AlignedVector<uint32_t> pairs;         // [kChunkRows / 2 + 2, G] (p[j], p[j + 1]) as bf16 pairs
 };
 
 // Scores of 4 rows rp[0..4) against 4 of the G heads' queries, heads h_off..h_off + 3 of q [Dp / 32,
