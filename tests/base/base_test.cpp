@@ -5,6 +5,7 @@
 #include <thread>
 #include <cmath>
 
+#include "base/aligned_vector.h"
 #include "base/dtype.h"
 #include "base/huge_pages.h"
 #include "base/status.h"
@@ -186,6 +187,23 @@ TEST(HugePageAllocator, LargeVectorsAreHugePageAlignedAndHoldTheirValues) {
   small.clear();
   small.shrink_to_fit();
   EXPECT_EQ(small.capacity(), 0u);
+}
+
+// The kernels' scratch buffers: every allocation on a cache line, whatever its size (std::vector's
+// are 16-byte aligned: small ones from the heap, large ones 16 bytes into an mmap'd block) and
+// after each growth, so 64-byte rows never straddle two lines.
+TEST(AlignedVector, EveryAllocationStartsOnACacheLine) {
+  for (size_t n : {1u, 3u, 17u, 100u, 4096u, 50000u, 300000u, 5000000u}) {
+    AlignedVector<uint16_t> v(n, 7);
+    ASSERT_EQ(reinterpret_cast<uintptr_t>(v.data()) % kCacheLineBytes, 0u) << n;
+    v.resize(n * 3 + 5, 9);  // growth moves the data into a new allocation
+    ASSERT_EQ(reinterpret_cast<uintptr_t>(v.data()) % kCacheLineBytes, 0u) << n;
+    EXPECT_EQ(v[n - 1], 7);
+    EXPECT_EQ(v.back(), 9);
+  }
+  AlignedVector<float> copy = AlignedVector<float>(1000, 1.5f);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(copy.data()) % kCacheLineBytes, 0u);
+  EXPECT_EQ(copy[999], 1.5f);
 }
 
 }  // namespace moat
