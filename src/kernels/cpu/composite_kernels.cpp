@@ -29,8 +29,8 @@ struct MoeScratch {
   std::vector<int64_t> expert_begin, fill;  // [E + 1], [E]: rows [begin[e], begin[e+1]) are e's
   std::vector<int64_t> row_of;              // [T * K]: the grouped row of (t, k)
   std::vector<int32_t> active;              // experts with at least one row
-  AlignedVector<float> in, out;               // [T * K, hidden] grouped inputs, expert outputs
-  AlignedVector<float> gate, up;              // [T * K, intermediate]
+  AlignedVector<float> in, out;             // [T * K, hidden] grouped inputs, expert outputs
+  AlignedVector<float> gate, up;            // [T * K, intermediate]
   std::vector<int32_t> order, bin_of;       // side by side: active experts by rows, each one's thread bin
   std::vector<int64_t> bin_cost;            // [threads]
 };

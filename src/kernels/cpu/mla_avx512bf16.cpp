@@ -68,9 +68,9 @@ struct Scratch {
   AlignedVector<uint16_t> q;
   std::vector<const uint16_t*> rows;   // [kChunkRows + 4] the chunk's rows in the cache; padding: zero
   std::vector<const uint16_t*> ahead;  // [kChunkRows + 4] row j + kAheadRows of the span (prefetch)
-  AlignedVector<uint16_t> zero_row;      // [Dp]
-  AlignedVector<float> scores;           // [kChunkRows + 4, G]
-  AlignedVector<uint32_t> pairs;         // [kChunkRows / 2 + 2, G] (p[j], p[j + 1]) as bf16 pairs
+  AlignedVector<uint16_t> zero_row;    // [Dp]
+  AlignedVector<float> scores;         // [kChunkRows + 4, G]
+  AlignedVector<uint32_t> pairs;       // [kChunkRows / 2 + 2, G] (p[j], p[j + 1]) as bf16 pairs
 };
 
 // Scores of 4 rows rp[0..4) against 4 of the G heads' queries, heads h_off..h_off + 3 of q [Dp / 32,
