@@ -12,6 +12,8 @@
 #include <new>
 #include <vector>
 
+#include "base/aligned_vector.h"
+
 namespace moat {
 
 inline constexpr size_t kHugePageBytes = size_t{2} << 20;
@@ -59,14 +61,14 @@ struct HugePageAllocator {
   static size_t mapped_bytes(size_t n) { return (n * sizeof(T) + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes; }
 
   // Below half a huge page the heap: a mapping of its own would cost a whole huge page of memory.
-  // Cache-line aligned there too: kernels stream rows with 64-byte vector loads, and from a row off
-  // a line boundary every one of them touches two lines (see kWeightAlignment in base/weight.h).
+  // Cache-line aligned there too (CacheLineAllocator): kernels stream rows with 64-byte vector
+  // loads, and from a row off a line boundary every one of them touches two lines (see
+  // kWeightAlignment in base/weight.h).
   static bool small(size_t n) { return n * sizeof(T) < kHugePageBytes / 2; }
-  static constexpr std::align_val_t kSmallAlignment{64};
 
   T* allocate(size_t n) {
     if (n == 0) return nullptr;
-    if (small(n)) return static_cast<T*>(::operator new(n * sizeof(T), kSmallAlignment));
+    if (small(n)) return CacheLineAllocator<T>().allocate(n);
     const size_t bytes = mapped_bytes(n);
     void* p = mmap_huge_aligned(bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1);
     if (p == MAP_FAILED) throw std::bad_alloc();
@@ -75,7 +77,7 @@ struct HugePageAllocator {
   }
   void deallocate(T* p, size_t n) noexcept {
     if (!p) return;
-    if (small(n)) ::operator delete(p, kSmallAlignment);
+    if (small(n)) CacheLineAllocator<T>().deallocate(p, n);
     else munmap(p, mapped_bytes(n));
   }
   friend bool operator==(const HugePageAllocator&, const HugePageAllocator&) { return true; }
